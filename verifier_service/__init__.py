@@ -1,0 +1,1 @@
+"""The verifier: owns the accelerator, runs the target model and verifies drafts."""

@@ -1,0 +1,1 @@
+"""Paged attention backends behind one small interface (flash-attn on CUDA, a PyTorch reference anywhere)."""

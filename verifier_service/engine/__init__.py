@@ -1,0 +1,1 @@
+"""The in-process engine: schedule -> propose -> score -> verify -> update."""

@@ -1,0 +1,48 @@
+"""What the engine hands back to its caller after each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # an EOS / stop token was generated
+    LENGTH = "length"  # max_tokens or the model's context length was reached
+    ABORT = "abort"  # the caller aborted the request
+
+
+@dataclass(frozen=True)
+class RequestUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    draft_tokens: int  # drafts scored for this request
+    accepted_tokens: int  # drafts accepted (<= draft_tokens)
+    steps: int  # forward passes that emitted tokens for this request (the prefill pass included)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """Tokens one request gained in one step (1..k+1 of them; stop tokens included, nothing after them)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None  # set when the request finished this step
+    usage: RequestUsage
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot for routing and metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_total_blocks: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.num_used_blocks / self.num_total_blocks if self.num_total_blocks else 0.0

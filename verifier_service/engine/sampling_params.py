@@ -1,0 +1,53 @@
+"""Per-request sampling parameters, validated once when the request enters the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a request chooses tokens and when it stops.
+
+    temperature == 0 means greedy. Filters (top_k, top_p, min_p) apply only when sampling.
+    num_speculative_tokens None means the engine's default; 0 turns speculation off for the request.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    num_speculative_tokens: int | None = None
+    # n-gram bounds for the drafter; 0 = the drafter's defaults.
+    min_ngram: int = 0
+    max_ngram: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (self.temperature >= 0.0, "temperature", "must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
+            (self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
+             "num_speculative_tokens", "must be >= 0"),
+            (self.min_ngram >= 0 and self.max_ngram >= 0, "min_ngram", "n-gram bounds must be >= 0"),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise InvalidParameter(name, message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class InvalidParameter(ValueError):
+    """A request field has a bad value; `field` names it (mapped to INVALID_ARGUMENT / HTTP 400)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name

@@ -1,0 +1,1 @@
+"""Our own implementation of the Llama / Mistral / Qwen2 / Qwen3 decoder families."""
