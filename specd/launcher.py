@@ -1,0 +1,138 @@
+"""`specd up`: the whole stack as separate processes, supervised until SIGTERM / SIGINT.
+
+Every service is started as `python -m specd.cli <service> ...` in its own session (so a terminal's
+Ctrl-C reaches only this supervisor, which then stops the services in order: gateway, verifiers,
+drafter). `specd: ready` is printed once every service's grpc health check reports SERVING. When a
+service dies, the others are stopped and the supervisor exits non-zero.
+"""
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, VERIFIER_PORTS, ServiceOptions
+from specd.serving import TlsConfig, open_channel
+
+MAX_VERIFIERS = DRAFTER_PORTS[0] - VERIFIER_PORTS[0]  # replicas take consecutive ports below the drafter's
+STOP_GRACE_SECONDS = 20.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    argv: list[str]
+    grpc_port: int
+    process: subprocess.Popen | None = None
+
+
+def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) -> list[ServiceProcess]:
+    """The processes of one stack: drafter, verifier replicas, gateway, on the ports of CONTRACT.md + offset."""
+    if not 1 <= num_verifiers <= MAX_VERIFIERS:
+        raise ValueError(f"num_verifiers: must be in 1..{MAX_VERIFIERS}, got {num_verifiers}")
+    loopback = "127.0.0.1"
+    drafter_port = DRAFTER_PORTS[0] + port_offset
+    services = [ServiceProcess("drafter", _argv("drafter", options, drafter_port, DRAFTER_PORTS[1] + port_offset),
+                               drafter_port)]
+    verifier_addrs = []
+    for replica in range(num_verifiers):
+        port = VERIFIER_PORTS[0] + port_offset + replica
+        argv = _argv("verifier", options, port, VERIFIER_PORTS[1] + port_offset + replica)
+        argv += ["--drafter-addr", f"{loopback}:{drafter_port}"]
+        services.append(ServiceProcess(f"verifier-{replica}" if num_verifiers > 1 else "verifier", argv, port))
+        verifier_addrs += ["--verifier-addr", f"{loopback}:{port}"]
+    gateway_port = GATEWAY_PORTS[0] + port_offset
+    argv = _argv("gateway", options, gateway_port, None) + ["--http-port", str(GATEWAY_PORTS[1] + port_offset)]
+    services.append(ServiceProcess("gateway", argv + verifier_addrs, gateway_port))
+    return services
+
+
+def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | None) -> list[str]:
+    argv = [sys.executable, "-m", "specd.cli", service, "--port", str(port), "--host", options.host,
+            "--model", options.model, "--device", options.device, "--dtype", options.dtype,
+            "--num-speculative-tokens", str(options.num_speculative_tokens),
+            "--max-model-len", str(options.max_model_len)]
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port)]
+    for flag, value in (("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key),
+                        ("--tls-ca", options.tls_ca), ("--api-key", options.api_key)):
+        if value:
+            argv += [flag, value]
+    return argv
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: a SIGKILLed supervisor must not leave services behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the supervisor's own shutdown path still stops the services
+        pass
+
+
+class StackSupervisor:
+    """Starts the planned services, reports readiness, and stops them all on a signal or a death."""
+
+    def __init__(self, services: list[ServiceProcess], tls: TlsConfig | None = None) -> None:
+        self._services = services
+        self._tls = tls
+        self._stop = threading.Event()
+
+    def run(self) -> int:
+        """Blocks until stopped; returns the process exit code (0 after a clean SIGTERM / SIGINT)."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        for service in self._services:
+            service.process = subprocess.Popen(service.argv, start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            return self._supervise()
+        finally:
+            self._stop_all()
+
+    def _supervise(self) -> int:
+        pending = {service.name for service in self._services}
+        while not self._stop.is_set():
+            dead = self._first_dead()
+            if dead is not None:
+                print(f"specd: {dead.name} exited with code {dead.process.returncode}; stopping the stack",
+                      file=sys.stderr, flush=True)
+                return 1
+            if pending:
+                pending = {s.name for s in self._services if s.name in pending and not self._serving(s)}
+                if not pending:
+                    print("specd: ready", flush=True)
+            self._stop.wait(0.2)
+        return 0
+
+    def _first_dead(self) -> ServiceProcess | None:
+        return next((s for s in self._services if s.process.poll() is not None), None)
+
+    def _serving(self, service: ServiceProcess) -> bool:
+        with open_channel(f"127.0.0.1:{service.grpc_port}", self._tls, asynchronous=False) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            except grpc.RpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def _stop_all(self) -> None:
+        """SIGTERM in front-to-back order (the gateway drains first), then wait, then SIGKILL stragglers."""
+        for service in reversed(self._services):
+            if service.process and service.process.poll() is None:
+                service.process.terminate()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for service in reversed(self._services):
+            if service.process is None:
+                continue
+            try:
+                service.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                service.process.kill()
+                service.process.wait()

@@ -1,0 +1,121 @@
+"""The command-line options every service shares, each also read from the environment as SPECD_<NAME>.
+
+A command-line value wins over the environment, which wins over the default. `ServiceOptions` is the
+parsed, validated result; each service builds its own frozen config from it (see specd/cli.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+# Default ports of CONTRACT.md: (gRPC, HTTP / metrics).
+GATEWAY_PORTS = (50051, 8000)
+VERIFIER_PORTS = (50061, 9461)
+DRAFTER_PORTS = (50071, 9471)
+DEFAULT_VERIFIER_ADDR = f"127.0.0.1:{VERIFIER_PORTS[0]}"
+DEFAULT_DRAFTER_ADDR = f"127.0.0.1:{DRAFTER_PORTS[0]}"
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """The shared options after parsing; ports of None mean the service's default."""
+
+    model: str = "default"
+    device: str = "auto"
+    dtype: str = "auto"
+    num_speculative_tokens: int = 4
+    max_model_len: int = 0  # 0 = the model's own context length
+    verifier_addrs: tuple[str, ...] = ()
+    drafter_addr: str = DEFAULT_DRAFTER_ADDR
+    host: str = "0.0.0.0"
+    port: int | None = None
+    http_port: int | None = None
+    metrics_port: int | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError("num_speculative_tokens: must be >= 0 (0 turns speculation off)")
+        if self.max_model_len < 0:
+            raise ValueError("max_model_len: must be >= 0 (0 = the model's own context length)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert: --tls-cert and --tls-key must be given together")
+
+    @property
+    def verifier_addresses(self) -> tuple[str, ...]:
+        return self.verifier_addrs or (DEFAULT_VERIFIER_ADDR,)
+
+    def resolved_device(self) -> str:
+        """auto = CUDA when torch can use it, else the CPU."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self) -> str:
+        """auto = bfloat16 on CUDA, float32 on the CPU (exactness tests rely on the latter)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.resolved_device() == "cuda" else "float32"
+
+
+def _env(name: str, default):
+    """The SPECD_<NAME> environment value of an option, else its default."""
+    return os.environ.get("SPECD_" + name.upper().replace("-", "_"), default)
+
+
+def add_service_options(parser: argparse.ArgumentParser) -> None:
+    """Adds the shared options (defaults taken from SPECD_* env variables when set)."""
+    defaults = ServiceOptions()
+    group = parser.add_argument_group("shared options (each also as env SPECD_<NAME>)")
+    group.add_argument("--model", default=_env("model", defaults.model),
+                       help="Hugging Face checkpoint folder, or 'default' (SmolLM2-135M-Instruct)")
+    group.add_argument("--device", choices=DEVICES, default=_env("device", defaults.device))
+    group.add_argument("--dtype", choices=DTYPES, default=_env("dtype", defaults.dtype))
+    group.add_argument("--num-speculative-tokens", type=int,
+                       default=int(_env("num_speculative_tokens", defaults.num_speculative_tokens)),
+                       help="draft tokens per step (0 turns speculation off)")
+    group.add_argument("--max-model-len", type=int, default=int(_env("max_model_len", defaults.max_model_len)),
+                       help="prompt + output tokens per request (0 = the model's own context length)")
+    env_verifiers = _env("verifier_addr", "")
+    group.add_argument("--verifier-addr", action="append", dest="verifier_addrs",
+                       default=[a for a in env_verifiers.split(",") if a],
+                       help=f"verifier HOST:PORT, repeatable (default {DEFAULT_VERIFIER_ADDR}; env: comma-separated)")
+    group.add_argument("--drafter-addr", default=_env("drafter_addr", defaults.drafter_addr))
+    group.add_argument("--host", default=_env("host", defaults.host))
+    group.add_argument("--port", type=int, default=_optional_int(_env("port", None)),
+                       help="gRPC port (default: the service's port of CONTRACT.md)")
+    group.add_argument("--http-port", type=int, default=_optional_int(_env("http_port", None)),
+                       help=f"gateway HTTP port (default {GATEWAY_PORTS[1]})")
+    group.add_argument("--metrics-port", type=int, default=_optional_int(_env("metrics_port", None)))
+    group.add_argument("--tls-cert", default=_env("tls_cert", None))
+    group.add_argument("--tls-key", default=_env("tls_key", None))
+    group.add_argument("--tls-ca", default=_env("tls_ca", None))
+    group.add_argument("--api-key", default=_env("api_key", None))
+
+
+def _optional_int(value: str | None) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+def options_from_args(args: argparse.Namespace) -> ServiceOptions:
+    """Validated ServiceOptions from parsed arguments; raises ValueError naming the bad option."""
+    return ServiceOptions(
+        model=args.model, device=args.device, dtype=args.dtype,
+        num_speculative_tokens=args.num_speculative_tokens, max_model_len=args.max_model_len,
+        verifier_addrs=tuple(args.verifier_addrs), drafter_addr=args.drafter_addr, host=args.host,
+        port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,
+    )

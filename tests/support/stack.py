@@ -1,0 +1,166 @@
+"""A whole specd stack as real processes on free loopback ports, for end-to-end tests and benchmarks.
+
+Each service runs as `python -m specd.cli <service> ...` with its output in a log file; `start()`
+returns once every service's grpc health check reports SERVING. One service can be killed and
+restarted on the same ports (the drafter-failure tests do). Model loading costs seconds on the
+CPU, so tests share one stack per module.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_SECONDS = 240.0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_serving(address: str, process: subprocess.Popen, log_path: Path,
+                 timeout: float = START_TIMEOUT_SECONDS) -> None:
+    """Blocks until `address` reports SERVING; raises with the log's tail if the process dies first."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{address} exited with {process.returncode}:\n{_tail(log_path)}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"{address} not SERVING after {timeout:.0f} s:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    port: int
+    metrics_port: int
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def launch(self, env: dict[str, str]) -> None:
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Sends `sig` and waits; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@dataclass
+class Stack:
+    """drafter + N verifiers + gateway; `extra_args` go to every service (e.g. ["--num-speculative-tokens", "0"])."""
+
+    num_verifiers: int = 1
+    extra_args: tuple[str, ...] = ("--device", "cpu", "--dtype", "float32")
+    services: dict[str, Service] = field(default_factory=dict)
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specd-stack-")))
+
+    def __post_init__(self) -> None:
+        drafter = self._service("drafter", [])
+        verifiers = [self._service(f"verifier-{i}", ["--drafter-addr", drafter.address])
+                     for i in range(self.num_verifiers)]
+        gateway_args = ["--http-port", str(free_port())]
+        for verifier in verifiers:
+            gateway_args += ["--verifier-addr", verifier.address]
+        self._service("gateway", gateway_args)
+        self.http_port = int(gateway_args[1])
+
+    def _service(self, name: str, args: list[str]) -> Service:
+        port, metrics_port = free_port(), free_port()
+        command = name.split("-")[0]
+        argv = [sys.executable, "-m", "specd.cli", command, "--host", "127.0.0.1", "--port", str(port),
+                "--metrics-port", str(metrics_port), *self.extra_args, *args]
+        service = Service(name, argv, port, metrics_port, self.log_dir / f"{name}.log")
+        self.services[name] = service
+        return service
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECD_") or k == "SPECD_HOME"}
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        env.setdefault("OMP_NUM_THREADS", "2")
+        return env
+
+    @property
+    def gateway_address(self) -> str:
+        return self.services["gateway"].address
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def verifier_addresses(self) -> list[str]:
+        return [s.address for name, s in self.services.items() if name.startswith("verifier")]
+
+    def metrics_url(self, name: str) -> str:
+        """Prometheus endpoint of a service (the gateway serves /metrics on its HTTP port)."""
+        port = self.http_port if name == "gateway" else self.services[name].metrics_port
+        return f"http://127.0.0.1:{port}/metrics"
+
+    def start(self) -> "Stack":
+        """Launches every service at once (the drafter is quick, verifiers load the model) and waits."""
+        for service in self.services.values():
+            service.launch(self.env)
+        try:
+            for service in self.services.values():
+                wait_serving(service.address, service.process, service.log_path)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (no drain), as a crash would."""
+        self.services[name].stop(signal.SIGKILL)
+
+    def restart(self, name: str) -> None:
+        """Starts a stopped service again on its old ports and waits for SERVING."""
+        service = self.services[name]
+        service.launch(self.env)
+        wait_serving(service.address, service.process, service.log_path)
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM to gateway, verifiers, drafter in that order; returns each exit code."""
+        return {name: service.stop() for name, service in reversed(list(self.services.items()))}
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{_tail(s.log_path)}" for name, s in self.services.items())

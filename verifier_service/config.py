@@ -1,0 +1,42 @@
+"""The verifier's one frozen config, built once at start-up from the shared CLI options."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specd.options import VERIFIER_PORTS, ServiceOptions
+from specd.serving import ServerConfig, TlsConfig
+from verifier_service.engine.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    """Everything `verifier_service.server.serve` needs: the engine's config plus the service around it."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    drafter_addr: str | None = "127.0.0.1:50071"  # None = decode without a drafter
+    drafter_tls: TlsConfig | None = None
+    max_waiting_requests: int = 256  # beyond this, Generate answers RESOURCE_EXHAUSTED
+    server: ServerConfig = field(
+        default_factory=lambda: ServerConfig(port=VERIFIER_PORTS[0], metrics_port=VERIFIER_PORTS[1]))
+
+    def __post_init__(self) -> None:
+        if self.max_waiting_requests < 1:
+            raise ValueError("max_waiting_requests: must be >= 1")
+
+
+def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
+    """The verifier's config from `specd verifier` options (ports default to CONTRACT.md's)."""
+    tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
+    # The drafter is dialled with the same CA and client certificate this server presents.
+    drafter_tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_ca else None
+    server = ServerConfig(
+        host=options.host,
+        port=VERIFIER_PORTS[0] if options.port is None else options.port,
+        metrics_port=VERIFIER_PORTS[1] if options.metrics_port is None else options.metrics_port,
+        tls=tls,
+    )
+    engine = EngineConfig(
+        model=options.model, device=options.resolved_device(), dtype=options.resolved_dtype(),
+        num_speculative_tokens=options.num_speculative_tokens, max_model_len=options.max_model_len,
+    )
+    return VerifierConfig(engine=engine, drafter_addr=options.drafter_addr, drafter_tls=drafter_tls, server=server)

@@ -1,0 +1,76 @@
+"""Protobuf <-> engine objects for the verifier: the only module here, besides the servicer, that
+imports *_pb2. Bad input raises InvalidParameter naming the field (INVALID_ARGUMENT on the wire)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specd.v1 import common_pb2, verifier_pb2
+from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage
+from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a request is checked against."""
+
+    name: str
+    max_model_len: int
+    vocab_size: int
+
+
+def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
+                       limits: ModelLimits) -> tuple[str, list[int], SamplingParams]:
+    """(request_id, prompt_token_ids, SamplingParams) of a Generate call, validated."""
+    if not request.request_id:
+        raise InvalidParameter("request_id", "must be set")
+    prompt = list(request.prompt_token_ids)
+    if not prompt:
+        raise InvalidParameter("prompt_token_ids", "must not be empty")
+    if len(prompt) >= limits.max_model_len:
+        raise InvalidParameter("prompt_token_ids", f"{len(prompt)} tokens leave no room to generate "
+                                                   f"within max_model_len {limits.max_model_len}")
+    if min(prompt) < 0 or max(prompt) >= limits.vocab_size:
+        raise InvalidParameter("prompt_token_ids", f"ids must be in [0, {limits.vocab_size})")
+    return request.request_id, prompt, sampling_from_proto(request.sampling, len(prompt), limits)
+
+
+def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
+                        limits: ModelLimits) -> SamplingParams:
+    """Proto defaults (0 = unset) mapped to the engine's: max_tokens 0 = up to the context length."""
+    room = limits.max_model_len - prompt_len
+    return SamplingParams(
+        max_tokens=min(sampling.max_tokens, room) if sampling.max_tokens else room,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p or 1.0,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        ignore_eos=sampling.ignore_eos,
+        stop_token_ids=tuple(sampling.stop_token_ids),
+        num_speculative_tokens=(sampling.num_speculative_tokens
+                                if sampling.HasField("num_speculative_tokens") else None),
+    )
+
+
+def output_to_proto(output: RequestOutput) -> verifier_pb2.VerifierGenerateResponse:
+    """One step's tokens; the finish reason and usage only on the last message."""
+    response = verifier_pb2.VerifierGenerateResponse(token_ids=output.new_token_ids)
+    if output.finished:
+        response.finish_reason = output.finish_reason.value
+        response.usage.CopyFrom(usage_to_proto(output.usage))
+    return response
+
+
+def usage_to_proto(usage: RequestUsage) -> common_pb2.Usage:
+    return common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                            draft_tokens=usage.draft_tokens, accepted_tokens=usage.accepted_tokens,
+                            steps=usage.steps)
+
+
+def load_to_proto(load: EngineLoad, num_pending: int, limits: ModelLimits) -> verifier_pb2.LoadReport:
+    """The routing report; requests not yet seen by the engine count as waiting."""
+    return verifier_pb2.LoadReport(
+        num_running=load.num_running, num_waiting=load.num_waiting + num_pending,
+        kv_cache_usage=load.kv_cache_usage, num_used_blocks=load.num_used_blocks,
+        num_total_blocks=load.num_total_blocks, model=limits.name, max_model_len=limits.max_model_len,
+    )

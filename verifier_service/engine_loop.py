@@ -1,0 +1,154 @@
+"""Runs the engine in its own thread, off the asyncio event loop, and routes its outputs to callers.
+
+The engine is not thread-safe, so only this thread touches it: callers on the event loop enqueue
+additions and aborts, the thread drains them between steps, calls `step()` while there is work and
+sleeps on an event when idle. Each RequestOutput goes to its request's asyncio.Queue through
+`loop.call_soon_threadsafe`. A failure while adding a request is delivered to that request's queue
+as the exception; a failure inside `step()` is delivered to every live request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from verifier_service.engine.outputs import EngineLoad, RequestOutput
+from verifier_service.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class DuplicateRequestId(ValueError):
+    """A request id already live on this verifier."""
+
+
+@dataclass
+class _Addition:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class EngineLoop:
+    """The only owner of the engine after `start()`.
+
+    `after_step` runs on the engine thread after every step (and after aborts are applied); the
+    metrics exporter hangs off it, so the step loop itself stays free of counting code.
+    """
+
+    def __init__(self, engine, after_step: Callable[[], None] | None = None) -> None:
+        self._engine = engine
+        self._after_step = after_step or (lambda: None)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._additions: list[_Addition] = []
+        self._aborts: list[str] = []
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.load: EngineLoad = engine.load()  # last snapshot, replaced (never mutated) by the thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread after its current step; live requests get no more outputs."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> asyncio.Queue:
+        """Queues a request; its outputs (or an exception) arrive on the returned queue."""
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if request_id in self._queues:
+                raise DuplicateRequestId(f"request_id: {request_id!r} is already running on this verifier")
+            self._queues[request_id] = (asyncio.get_running_loop(), queue)
+            self._additions.append(_Addition(request_id, list(prompt_token_ids), params))
+        self._wake.set()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a live request (client cancel or deadline); its KV blocks are freed before the next step."""
+        with self._lock:
+            if self._queues.pop(request_id, None) is None:
+                return
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    @property
+    def num_pending(self) -> int:
+        """Requests handed in but not yet seen by the engine."""
+        with self._lock:
+            return len(self._additions)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                self._wake.clear()
+                additions, self._additions = self._additions, []
+                aborts, self._aborts = self._aborts, []
+            self._apply(additions, aborts)
+            while self._engine.has_unfinished_requests() and not self._stopping:
+                self._step()
+                self._drain_between_steps()
+            self.load = self._engine.load()
+            self._after_step()
+
+    def _drain_between_steps(self) -> None:
+        with self._lock:
+            additions, self._additions = self._additions, []
+            aborts, self._aborts = self._aborts, []
+            self._wake.clear()
+        self._apply(additions, aborts)
+
+    def _apply(self, additions: list[_Addition], aborts: list[str]) -> None:
+        for request_id in aborts:
+            self._engine.abort(request_id)
+        for addition in additions:
+            try:
+                self._engine.add_request(addition.request_id, addition.prompt_token_ids, addition.params)
+            except Exception as error:  # noqa: BLE001 - goes back to the caller, who maps it to a status
+                self._deliver_error(addition.request_id, error)
+        if aborts:
+            self.load = self._engine.load()
+
+    def _step(self) -> None:
+        try:
+            outputs = self._engine.step()
+        except Exception as error:  # noqa: BLE001 - a broken step fails its requests, not the server
+            logger.exception("engine step failed; failing %d live requests", len(self._queues))
+            self._fail_all(error)
+            return
+        self.load = self._engine.load()
+        for output in outputs:
+            self._deliver(output)
+        self._after_step()
+
+    def _deliver(self, output: RequestOutput) -> None:
+        with self._lock:
+            target = (self._queues.pop(output.request_id, None) if output.finished
+                      else self._queues.get(output.request_id))
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, output)
+
+    def _deliver_error(self, request_id: str, error: Exception) -> None:
+        with self._lock:
+            target = self._queues.pop(request_id, None)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, error)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            request_ids = list(self._queues)
+        for request_id in request_ids:
+            self._engine.abort(request_id)
+            self._deliver_error(request_id, error)

@@ -1,0 +1,43 @@
+"""The thin specd.v1.Verifier servicer: protobuf in, engine loop, protobuf out.
+
+A Generate call is one engine request; its messages are the tokens accepted per step. When the call
+ends early (client cancel, deadline, server drain), the request is aborted so its KV blocks are freed.
+"""
+from __future__ import annotations
+
+import grpc
+
+from specd.v1 import verifier_pb2, verifier_pb2_grpc
+from verifier_service.convert import ModelLimits, load_to_proto, output_to_proto, request_from_proto
+from verifier_service.engine_loop import DuplicateRequestId, EngineLoop
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    def __init__(self, engine_loop: EngineLoop, limits: ModelLimits, max_waiting_requests: int) -> None:
+        self._engine_loop = engine_loop
+        self._limits = limits
+        self._max_waiting_requests = max_waiting_requests
+
+    async def Generate(self, request: verifier_pb2.VerifierGenerateRequest, context: grpc.aio.ServicerContext):
+        request_id, prompt_token_ids, params = request_from_proto(request, self._limits)
+        if self._engine_loop.load.num_waiting + self._engine_loop.num_pending >= self._max_waiting_requests:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "verifier queue is full; retry later")
+        try:
+            queue = self._engine_loop.add(request_id, prompt_token_ids, params)
+        except DuplicateRequestId as error:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(error))
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                if isinstance(output, Exception):
+                    finished = True  # the engine already dropped the request
+                    raise output
+                finished = output.finished
+                yield output_to_proto(output)
+        finally:
+            if not finished:  # cancelled, deadline passed, or the server is stopping
+                self._engine_loop.abort(request_id)
+
+    async def GetLoad(self, request: verifier_pb2.GetLoadRequest, context: grpc.aio.ServicerContext):
+        return load_to_proto(self._engine_loop.load, self._engine_loop.num_pending, self._limits)
