@@ -1,0 +1,122 @@
+"""Runs the target model on a ScheduledBatch: one forward over every scheduled token, logits where needed.
+
+Per step: flatten the batch into input_ids / positions, compute each token's cache slot
+(slot = block_table[pos // block_size] * block_size + pos % block_size), build the attention metadata
+on the CPU and copy it to the device once, run the model inside the attention context, and apply the
+LM head only to the rows whose logits the batch asks for (each request's last `num_logits` tokens).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from verifier_service.attention.backend import select_backend
+from verifier_service.attention.metadata import AttentionMetadata, attention_context
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
+from verifier_service.model.config import load_model_config
+from verifier_service.model.loader import load_model
+
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+    """'auto' is float32 on the CPU and the checkpoint's dtype (bfloat16 if unknown or float32) on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype: {dtype!r} is not one of auto, float32, bfloat16, float16")
+    return getattr(torch, dtype)
+
+
+class ModelRunner:
+    """Owns the model and its paged KV cache; `execute` scores one scheduled batch."""
+
+    def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype = "auto", block_size: int = 16, kv_cache_bytes: int | None = None,
+                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None):
+        if block_size < 1:
+            raise ValueError(f"block_size: {block_size} must be positive")
+        self.device = resolve_device(device)
+        config = load_model_config(model_path)
+        self.dtype = resolve_dtype(dtype, self.device, config.torch_dtype)
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len: {self.max_model_len} must be positive")
+        self.model = load_model(model_path, self.device, self.dtype, max_position=self.max_model_len)
+        self.config, self.vocab_size, self.block_size = config, config.vocab_size, block_size
+        block_bytes = bytes_per_block(config, block_size, self.dtype)
+        if self.device.type == "cuda":
+            num_blocks = num_blocks_for_gpu(self.device, gpu_memory_utilization, block_bytes)
+        else:
+            num_blocks = num_blocks_for_budget(kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES, block_bytes)
+        self.kv_cache = KVCache.allocate(config, num_blocks, block_size, self.dtype, self.device)
+        self.num_blocks = num_blocks
+        self.backend = select_backend(self.device, block_size)
+        self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+        """float32 logits [batch.num_logits, vocab_size]: per request in order, its last num_logits positions."""
+        if not batch:
+            raise ValueError("batch: no requests scheduled")
+        input_ids, positions, slots, logit_rows = [], [], [], []
+        for request in batch.requests:
+            self._check(request)
+            first_row = len(input_ids)
+            input_ids += request.token_ids
+            request_positions = range(request.start_position, request.context_len)
+            positions += request_positions
+            slots += [request.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                      for p in request_positions]
+            logit_rows += range(first_row + request.num_tokens - request.num_logits, first_row + request.num_tokens)
+        metadata = AttentionMetadata.build(
+            query_lens=[r.num_tokens for r in batch.requests], context_lens=[r.context_len for r in batch.requests],
+            block_tables=[r.block_table for r in batch.requests], slot_mapping=slots,
+            block_size=self.block_size, device=self.device)
+        with attention_context(metadata):
+            hidden = self.model(self._tensor(input_ids), self._tensor(positions))  # [num_tokens, hidden_size]
+        if not logit_rows:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        return self.model.compute_logits(hidden[self._tensor(logit_rows)]).float()
+
+    def warm_up(self) -> None:
+        """Runs a prefill chunk and a decode step with drafts so first requests meet no one-time costs."""
+        tokens = min(self.block_size * 2, self.max_model_len - 4, self.num_blocks * self.block_size - 4)
+        tokens = max(tokens, 1)
+        needed = -(-(tokens + 4) // self.block_size)
+        table = list(range(min(needed, self.num_blocks)))
+        prefill = ScheduledRequest("warm-up", [0] * tokens, 0, table, 0, 1)
+        self.execute(ScheduledBatch([prefill]))
+        if tokens + 4 <= min(self.max_model_len, len(table) * self.block_size):
+            self.execute(ScheduledBatch([ScheduledRequest("warm-up", [0] * 4, tokens, table, 3, 4)]))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+
+    def _check(self, request: ScheduledRequest) -> None:
+        """Bad scheduling surfaces as a clear error naming the field, not as a wrong answer."""
+        if not request.token_ids:
+            raise ValueError(f"token_ids: request {request.request_id} schedules no tokens")
+        if not 0 <= request.num_logits <= request.num_tokens:
+            raise ValueError(f"num_logits: {request.num_logits} for {request.num_tokens} tokens "
+                             f"in request {request.request_id}")
+        if request.context_len > self.max_model_len:
+            raise ValueError(f"token_ids: request {request.request_id} reaches position {request.context_len}, "
+                             f"beyond max_model_len {self.max_model_len}")
+        if len(request.block_table) * self.block_size < request.context_len:
+            raise ValueError(f"block_table: {len(request.block_table)} blocks of request {request.request_id} "
+                             f"do not cover {request.context_len} positions")

@@ -1,0 +1,93 @@
+"""The building blocks of a Llama-style decoder layer: RMSNorm, attention over the paged cache, SwiGLU MLP.
+
+q/k/v are one fused projection (`qkv_proj`) and gate/up another (`gate_up_proj`): one matmul instead of
+three or two, which matters at batch-1 decode where per-op overhead dominates. The weight loader fills
+the fused weights from the checkpoint's separate ones.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verifier_service.attention.backend import AttentionBackend
+from verifier_service.attention.metadata import current_attention_metadata
+from verifier_service.model.config import ModelConfig
+from verifier_service.model.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as transformers does, over the last dimension."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Self-attention with GQA; K/V live in the paged cache bound by `bind_kv_cache`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.scale = self.head_dim ** -0.5
+        self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, num_kv_heads, head_dim]
+        self.v_cache: torch.Tensor | None = None
+        self.backend: AttentionBackend | None = None
+
+    def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, backend: AttentionBackend) -> None:
+        self.k_cache, self.v_cache, self.backend = k_cache, v_cache, backend
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """hidden [num_tokens, hidden_size] -> [num_tokens, hidden_size]; cos, sin [num_tokens, 1, head_dim]."""
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        metadata = current_attention_metadata()
+        self.backend.write_kv(k, v, self.k_cache, self.v_cache, metadata)
+        out = self.backend.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
