@@ -1,0 +1,75 @@
+"""protobuf <-> gateway domain types; with the servicer, the only gateway code that imports *_pb2."""
+from __future__ import annotations
+
+from specd.v1 import common_pb2, gateway_pb2, verifier_pb2
+from gateway.request import GenerationRequest, ReplicaLoad, TextChunk, Usage, VerifierChunk
+from gateway.validation import RequestFields
+
+_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                    "num_speculative_tokens")
+
+
+def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> RequestFields:
+    """The client's fields; unset optional fields stay None so validation fills the defaults."""
+    optional = {name: getattr(message, name) if message.HasField(name) else None
+                for name in _OPTIONAL_FIELDS}
+    return RequestFields(
+        prompt=message.prompt or None,
+        prompt_token_ids=list(message.prompt_token_ids) or None,
+        stop=list(message.stop),
+        ignore_eos=message.ignore_eos,
+        **optional,
+    )
+
+
+def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb2.VerifierGenerateRequest:
+    """The verifier call for a validated request."""
+    sampling = common_pb2.SamplingParams(
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        seed=request.seed,
+        ignore_eos=request.ignore_eos,
+        stop_token_ids=request.stop_token_ids,
+        num_speculative_tokens=request.num_speculative_tokens,
+    )
+    return verifier_pb2.VerifierGenerateRequest(
+        request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling)
+
+
+def usage_from_pb(message: common_pb2.Usage) -> Usage:
+    return Usage(prompt_tokens=message.prompt_tokens, completion_tokens=message.completion_tokens,
+                 draft_tokens=message.draft_tokens, accepted_tokens=message.accepted_tokens,
+                 steps=message.steps)
+
+
+def usage_to_pb(usage: Usage) -> common_pb2.Usage:
+    return common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                            draft_tokens=usage.draft_tokens, accepted_tokens=usage.accepted_tokens,
+                            steps=usage.steps)
+
+
+def chunk_from_verifier(message: verifier_pb2.VerifierGenerateResponse) -> VerifierChunk:
+    """One verifier step as a domain chunk."""
+    usage = usage_from_pb(message.usage) if message.HasField("usage") else None
+    return VerifierChunk(token_ids=tuple(message.token_ids), finish_reason=message.finish_reason,
+                         usage=usage)
+
+
+def generate_response(chunk: TextChunk) -> gateway_pb2.GenerateResponse:
+    """One message of the Gateway/Generate stream."""
+    usage = usage_to_pb(chunk.usage) if chunk.usage is not None else None
+    return gateway_pb2.GenerateResponse(text=chunk.text, token_ids=chunk.token_ids,
+                                        finish_reason=chunk.finish_reason, usage=usage)
+
+
+def get_load_request() -> verifier_pb2.GetLoadRequest:
+    return verifier_pb2.GetLoadRequest()
+
+
+def load_from_pb(message: verifier_pb2.LoadReport) -> ReplicaLoad:
+    return ReplicaLoad(num_running=message.num_running, num_waiting=message.num_waiting,
+                       kv_cache_usage=message.kv_cache_usage, model=message.model,
+                       max_model_len=message.max_model_len)

@@ -1,0 +1,86 @@
+"""OpenAI response bodies: completion and chat objects, their stream chunks, usage and errors."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import grpc
+
+from gateway.request import Usage
+
+# How a grpc status reads over HTTP.
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
+}
+
+
+def error_body(message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": None}}
+
+
+def status_for(code: grpc.StatusCode) -> tuple[int, str]:
+    """HTTP status and OpenAI error type for a grpc status."""
+    return HTTP_STATUS.get(code, (500, "server_error"))
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "speculative": {"draft_tokens": usage.draft_tokens, "accepted_tokens": usage.accepted_tokens,
+                        "steps": usage.steps},
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode()
+
+
+class ResponseWriter:
+    """Builds one request's response objects; `chat` picks chat.completion over text_completion."""
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+        self._sent_role = False
+
+    def _envelope(self, object_name: str, choices: list, usage: Usage | None) -> dict[str, Any]:
+        body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+        body["usage"] = usage_body(usage) if usage is not None else None
+        return body
+
+    def full(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        """The non-streaming response."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": finish_reason, "logprobs": None}
+            return self._envelope("chat.completion", [choice], usage)
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        return self._envelope("text_completion", [choice], usage)
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """One streamed delta (usage travels in its own final chunk, see usage_chunk)."""
+        if self.chat:
+            delta = {"content": text}
+            if not self._sent_role:
+                delta["role"], self._sent_role = "assistant", True
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            return self._envelope("chat.completion.chunk", [choice], None)
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        return self._envelope("text_completion", [choice], None)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        """The last chunk when stream_options.include_usage: no choices, the request's usage."""
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage)

@@ -1,0 +1,127 @@
+"""One request's path through the gateway: validate -> route to a verifier -> detokenize -> stop strings.
+
+Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call this; it knows neither.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import grpc
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.metrics import GatewayMetrics
+from gateway.request import GenerationRequest, TextChunk, Usage, VerifierChunk
+from gateway.router import Router, UpstreamError
+from gateway.stats import RequestStats
+from gateway.stop import StopStringMatcher
+from gateway.tokenizer import Tokenizer
+from gateway.validation import RequestError, RequestFields, validate, validate_model_name
+
+
+class Pipeline:
+    """The gateway's request logic, shared by the gRPC and HTTP front ends."""
+
+    def __init__(self, tokenizer: Tokenizer, router: Router, metrics: GatewayMetrics,
+                 model_max_len: int, model_name: str) -> None:
+        """`model_max_len` is the context length used until a verifier reports its own."""
+        self.tokenizer = tokenizer
+        self.router = router
+        self.metrics = metrics
+        self._model_max_len = model_max_len
+        self.model_name = model_name
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Names the HTTP `model` field accepts: the served name, the folder name, and "default"."""
+        names = [self.model_name, self.tokenizer.model_path.name, str(self.tokenizer.model_path), "default"]
+        reported = {r.load.model for r in self.router.replicas if r.load.model}
+        return tuple(dict.fromkeys([*names, *sorted(reported)]))
+
+    def max_model_len(self) -> int:
+        return self.router.max_model_len() or self._model_max_len
+
+    def validate(self, fields: RequestFields) -> GenerationRequest:
+        """The validated request; raises RequestError (and counts it) on bad input."""
+        try:
+            return validate(fields, self.tokenizer, self.max_model_len())
+        except RequestError:
+            self.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
+            raise
+
+    def check_model(self, model: str | None) -> None:
+        """Raises RequestError (and counts it) when the HTTP `model` field names another model."""
+        try:
+            validate_model_name(model, self.served_model_names)
+        except RequestError:
+            self.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
+            raise
+
+    async def generate(self, request: GenerationRequest, deadline: float | None = None,
+                       ) -> AsyncIterator[TextChunk]:
+        """Text chunks for `request`; the last has finish_reason and usage.
+
+        Raises UpstreamError when no verifier can serve it. Closing the iterator early cancels the
+        verifier call.
+        """
+        stats = RequestStats(prompt_tokens=len(request.prompt_token_ids))
+        run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats)
+        try:
+            async with aclosing(self.router.generate(uuid.uuid4().hex, request, deadline)) as chunks:
+                stats.dispatched()
+                async for chunk in chunks:
+                    out = run.step(chunk)
+                    if out.finish_reason:
+                        stats.finished(out.finish_reason)
+                    if out.finish_reason or out.text or out.token_ids:
+                        yield out
+                    if out.finish_reason:
+                        return
+            raise UpstreamError(grpc.StatusCode.INTERNAL, "the verifier stream ended without a finish_reason")
+        except UpstreamError as error:
+            stats.finished(error_code=error.code.name)
+            raise
+        except BaseException:  # client gone (GeneratorExit / CancelledError): counted as aborted
+            if stats.finish_time is None:
+                stats.finished("abort")
+            raise
+        finally:
+            self.metrics.record(stats)
+
+
+class _Run:
+    """The per-request state that turns verifier steps into client text."""
+
+    def __init__(self, request: GenerationRequest, detokenizer: IncrementalDetokenizer,
+                 stats: RequestStats) -> None:
+        self.request = request
+        self.detokenizer = detokenizer
+        self.stop = StopStringMatcher(request.stop)
+        self.stats = stats
+        self.num_steps = 0
+        self.num_accepted = 0
+
+    def step(self, chunk: VerifierChunk) -> TextChunk:
+        self.stats.tokens_arrived(len(chunk.token_ids))
+        if chunk.token_ids:
+            self.num_steps += 1
+            self.num_accepted += len(chunk.token_ids) - 1  # every step emits one token of its own
+        text = self.stop.feed(self.detokenizer.add(chunk.token_ids))
+        ids = list(chunk.token_ids)
+        if self.stop.stopped:
+            return TextChunk(text, ids, "stop", self._usage_so_far())
+        if chunk.finish_reason:
+            usage = chunk.usage or self._usage_so_far()
+            return TextChunk(text + self.stop.flush(), ids, chunk.finish_reason, usage)
+        return TextChunk(text, ids)
+
+    def _usage_so_far(self) -> Usage:
+        """Usage when the gateway ends a request itself (stop string): the verifier sent no totals.
+
+        Steps and accepted tokens are exact from the stream; the drafts scored are not visible, so
+        draft_tokens is reported as its lower bound, the accepted count.
+        """
+        return Usage(prompt_tokens=len(self.request.prompt_token_ids),
+                     completion_tokens=self.stats.completion_tokens, draft_tokens=self.num_accepted,
+                     accepted_tokens=self.num_accepted, steps=self.num_steps)

@@ -1,0 +1,71 @@
+"""The gateway's domain types: a validated request, and what flows back from a verifier to a client.
+
+They know nothing of protobuf or HTTP; gateway/convert.py and gateway/http.py translate at the edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated generation request, tokenized and with every default filled in."""
+
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    num_speculative_tokens: int | None = None  # None = the verifier's default; 0 = speculation off
+
+
+@dataclass
+class Usage:
+    """Per-request counts (CONTRACT.md): steps counts the forward passes that emitted tokens."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    steps: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class VerifierChunk:
+    """One message of a verifier stream: the tokens accepted in one step; the last one finishes it."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str = ""  # "" until the last message
+    usage: Usage | None = None  # on the last message only
+
+
+@dataclass
+class TextChunk:
+    """One message to a client: new text and ids; the last one carries finish_reason and usage."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """A verifier replica's load report, as the router uses it."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    model: str = ""
+    max_model_len: int = 0  # 0 = not reported

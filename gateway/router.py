@@ -1,0 +1,167 @@
+"""Routes each request to the least-loaded healthy verifier replica, failing over before the first token.
+
+A background task polls every replica's grpc health and Verifier.GetLoad. A request goes to the
+healthy replica with the least load (the larger of its reported running + waiting requests and the
+requests this gateway has in flight on it; ties go round-robin). If the call fails with a retryable
+status before any token arrived, the request is sent to another replica; once a token has been streamed
+to the client it cannot be taken back, so later failures end the request. Closing the stream (client
+gone) cancels the verifier call, and the remaining deadline travels with every attempt.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway import convert
+from gateway.request import GenerationRequest, ReplicaLoad, VerifierChunk
+from specd.serving import TlsConfig, open_channel
+from specd.v1 import verifier_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+VERIFIER_SERVICE = "specd.v1.Verifier"
+# A replica that is down, draining or full can take no new work; another replica may.
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             grpc.StatusCode.ABORTED})
+
+
+class UpstreamError(Exception):
+    """The verifier call failed; `code` is the grpc status to report to the client."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Replica:
+    """One verifier address: its channel, last load report, health, and this gateway's calls on it."""
+
+    def __init__(self, address: str, tls: TlsConfig | None) -> None:
+        self.address = address
+        self.channel = open_channel(address, tls)
+        self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.healthy = False
+        self.load = ReplicaLoad()
+        self.in_flight = 0
+
+    def score(self) -> tuple[int, float]:
+        reported = self.load.num_running + self.load.num_waiting
+        return max(reported, self.in_flight), self.load.kv_cache_usage
+
+    async def poll(self, timeout: float) -> None:
+        """Refreshes health and load; any failure marks the replica unhealthy until the next poll."""
+        try:
+            health = await self.health_stub.Check(
+                health_pb2.HealthCheckRequest(service=VERIFIER_SERVICE), timeout=timeout)
+            report = await self.stub.GetLoad(convert.get_load_request(), timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            self._set_healthy(False, error.code().name)
+            return
+        self.load = convert.load_from_pb(report)
+        self._set_healthy(health.status == health_pb2.HealthCheckResponse.SERVING, "NOT_SERVING")
+
+    def _set_healthy(self, healthy: bool, reason: str) -> None:
+        if healthy != self.healthy:
+            logger.info("verifier %s is %s", self.address, "healthy" if healthy else f"unhealthy ({reason})")
+        self.healthy = healthy
+
+
+class Router:
+    """Spreads requests over verifier replicas; `start()` before use, `close()` at shutdown."""
+
+    def __init__(self, addresses: Sequence[str], tls: TlsConfig | None = None,
+                 poll_interval: float = 0.5) -> None:
+        if not addresses:
+            raise ValueError("verifier_addrs: at least one verifier address is needed")
+        self.replicas = [Replica(address, tls) for address in addresses]
+        self.poll_interval = poll_interval
+        self._round_robin = itertools.count()
+        self._poller: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Polls every replica once, then keeps polling in the background."""
+        await self.poll()
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        await asyncio.gather(*(replica.channel.close() for replica in self.replicas))
+
+    async def poll(self) -> None:
+        await asyncio.gather(*(replica.poll(timeout=max(self.poll_interval, 1.0))
+                               for replica in self.replicas))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            await self.poll()
+
+    @property
+    def any_healthy(self) -> bool:
+        return any(replica.healthy for replica in self.replicas)
+
+    def max_model_len(self) -> int | None:
+        """The smallest context length the replicas report (None before any report)."""
+        lengths = [r.load.max_model_len for r in self.replicas if r.load.max_model_len > 0]
+        return min(lengths) if lengths else None
+
+    def pick(self, exclude: set[Replica] = frozenset()) -> Replica | None:
+        """The least-loaded healthy replica not in `exclude`; an unhealthy one only when no healthy one is left."""
+        candidates = [r for r in self.replicas if r not in exclude]
+        healthy = [r for r in candidates if r.healthy]
+        pool = healthy or candidates
+        if not pool:
+            return None
+        start = next(self._round_robin) % len(pool)
+        rotated = pool[start:] + pool[:start]  # equal scores alternate between replicas
+        return min(rotated, key=Replica.score)
+
+    async def generate(self, request_id: str, request: GenerationRequest,
+                       deadline: float | None = None) -> AsyncIterator[VerifierChunk]:
+        """The verifier's steps for `request`; `deadline` is an event-loop time (None = none).
+
+        Close the iterator (e.g. `contextlib.aclosing`) to cancel the downstream call early.
+        """
+        message = convert.verifier_request(request_id, request)
+        tried: set[Replica] = set()
+        while True:
+            replica = self.pick(exclude=tried)
+            if replica is None:
+                raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "no verifier replica could take the request")
+            tried.add(replica)
+            produced = False
+            try:
+                async for chunk in self._call(replica, message, deadline):
+                    produced = True
+                    yield chunk
+                return
+            except UpstreamError as error:
+                if produced or error.code not in RETRYABLE_CODES:
+                    raise
+                logger.warning("verifier %s failed before the first token (%s); trying another replica",
+                               replica.address, error.code.name)
+
+    async def _call(self, replica: Replica, message, deadline: float | None) -> AsyncIterator[VerifierChunk]:
+        timeout = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        if timeout is not None and timeout <= 0:
+            raise UpstreamError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before dispatch")
+        call = replica.stub.Generate(message, timeout=timeout)
+        replica.in_flight += 1
+        try:
+            async for response in call:
+                yield convert.chunk_from_verifier(response)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                replica.healthy = False  # until the next poll says otherwise
+            raise UpstreamError(error.code(), f"verifier {replica.address}: {error.details()}") from error
+        finally:
+            replica.in_flight -= 1
+            call.cancel()  # a no-op when the call finished; aborts the verifier request when we stop early

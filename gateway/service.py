@@ -1,0 +1,38 @@
+"""The specd.v1.Gateway servicer: protobuf in, pipeline, protobuf out."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from gateway import convert
+from gateway.pipeline import Pipeline
+from gateway.router import UpstreamError
+from gateway.validation import RequestError
+from specd.v1 import gateway_pb2, gateway_pb2_grpc
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    """Generate streams the pipeline's text chunks; a client cancel closes the pipeline (and the verifier call)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        try:
+            generation = self.pipeline.validate(convert.fields_from_generate_request(request))
+        except RequestError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+        try:
+            async for chunk in self.pipeline.generate(generation, _deadline(context)):
+                yield convert.generate_response(chunk)
+        except UpstreamError as error:
+            await context.abort(error.code, error.message)
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's deadline as event-loop time, so the verifier call gets what is left of it."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return asyncio.get_running_loop().time() + remaining
