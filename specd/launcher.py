@@ -91,10 +91,16 @@ class StackSupervisor:
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         for service in self._services:
             service.process = subprocess.Popen(service.argv, start_new_session=True, preexec_fn=_die_with_parent)
+        code = 1
         try:
-            return self._supervise()
+            code = self._supervise()
         finally:
-            self._stop_all()
+            exit_codes = self._stop_all()
+        unclean = {name: rc for name, rc in exit_codes.items() if rc != 0}
+        if code == 0 and unclean:
+            print(f"specd: unclean stop: {unclean}", file=sys.stderr, flush=True)
+            return 1
+        return code
 
     def _supervise(self) -> int:
         pending = {service.name for service in self._services}
@@ -122,8 +128,10 @@ class StackSupervisor:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    def _stop_all(self) -> None:
-        """SIGTERM in front-to-back order (the gateway drains first), then wait, then SIGKILL stragglers."""
+    def _stop_all(self) -> dict[str, int]:
+        """SIGTERM in front-to-back order (the gateway drains first), then wait, then SIGKILL stragglers.
+
+        Returns each service's exit code."""
         for service in reversed(self._services):
             if service.process and service.process.poll() is None:
                 service.process.terminate()
@@ -136,3 +144,4 @@ class StackSupervisor:
             except subprocess.TimeoutExpired:
                 service.process.kill()
                 service.process.wait()
+        return {s.name: s.process.returncode for s in self._services if s.process is not None}

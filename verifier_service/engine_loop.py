@@ -39,6 +39,7 @@ class EngineLoop:
     """
 
     def __init__(self, engine, after_step: Callable[[], None] | None = None) -> None:
+        self.engine = engine  # read-only use outside the thread: model facts fixed at load time
         self._engine = engine
         self._after_step = after_step or (lambda: None)
         self._lock = threading.Lock()

@@ -13,12 +13,20 @@ from verifier_service.engine_loop import DuplicateRequestId, EngineLoop
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, engine_loop: EngineLoop, limits: ModelLimits, max_waiting_requests: int) -> None:
-        self._engine_loop = engine_loop
-        self._limits = limits
+    """Answers UNAVAILABLE until `attach()` hands it the running engine loop (model loaded, warmed up)."""
+
+    def __init__(self, max_waiting_requests: int) -> None:
+        self._engine_loop: EngineLoop | None = None
+        self._limits: ModelLimits | None = None
         self._max_waiting_requests = max_waiting_requests
 
+    def attach(self, engine_loop: EngineLoop, limits: ModelLimits) -> None:
+        self._engine_loop = engine_loop
+        self._limits = limits
+
     async def Generate(self, request: verifier_pb2.VerifierGenerateRequest, context: grpc.aio.ServicerContext):
+        if self._engine_loop is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
         request_id, prompt_token_ids, params = request_from_proto(request, self._limits)
         if self._engine_loop.load.num_waiting + self._engine_loop.num_pending >= self._max_waiting_requests:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "verifier queue is full; retry later")
@@ -40,4 +48,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 self._engine_loop.abort(request_id)
 
     async def GetLoad(self, request: verifier_pb2.GetLoadRequest, context: grpc.aio.ServicerContext):
+        if self._engine_loop is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
         return load_to_proto(self._engine_loop.load, self._engine_loop.num_pending, self._limits)

@@ -1,0 +1,43 @@
+"""Maps the shared CLI options onto the gateway's and the drafter's frozen configs.
+
+(The verifier's lives beside its config: verifier_service/config.py.) Ports left unset take the
+defaults of CONTRACT.md.
+"""
+from __future__ import annotations
+
+from specd.default_model import resolve_model_path
+from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, ServiceOptions
+from specd.serving import ServerConfig, TlsConfig
+
+
+def _tls(options: ServiceOptions) -> TlsConfig | None:
+    return TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
+
+
+def gateway_config_from_options(options: ServiceOptions):
+    """The gateway needs the model folder only for its tokenizer and chat template."""
+    from gateway.config import GatewayConfig
+
+    return GatewayConfig(
+        model_path=str(resolve_model_path(options.model)),
+        verifier_addrs=options.verifier_addresses,
+        host=options.host,
+        grpc_port=GATEWAY_PORTS[0] if options.port is None else options.port,
+        http_port=GATEWAY_PORTS[1] if options.http_port is None else options.http_port,
+        api_key=options.api_key,
+        tls=_tls(options),
+        max_model_len=options.max_model_len or None,
+    )
+
+
+def drafter_config_from_options(options: ServiceOptions):
+    """The drafter holds no model: only where it listens."""
+    from drafter_service.config import DrafterConfig
+
+    server = ServerConfig(
+        host=options.host,
+        port=DRAFTER_PORTS[0] if options.port is None else options.port,
+        metrics_port=DRAFTER_PORTS[1] if options.metrics_port is None else options.metrics_port,
+        tls=_tls(options),
+    )
+    return DrafterConfig(server=server)

@@ -1,0 +1,90 @@
+"""The verifier's Prometheus metrics (CONTRACT.md), filled by an exporter that reads stats objects.
+
+The engine only counts (its stats objects); the drafter client only counts its fallbacks. After each
+step the engine loop calls `VerifierMetricsExporter.export()`, which turns the counts accumulated
+since the last call into counter increments and histogram observations, and the load into gauges.
+Nothing here runs inside the step itself.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+STEP_STAGES = ("schedule", "propose", "score", "verify", "update")
+_STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class VerifierMetrics:
+    """Every verifier metric family, registered on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"specd_{name}", doc, labels, registry=registry)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"specd_{name}", doc, registry=registry)
+
+        self.num_drafts = counter("spec_decode_num_drafts", "Draft sequences scored (one per request per step with drafts).")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens scored by the target model.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted by verification.")
+        self.num_emitted_tokens = counter("spec_decode_num_emitted_tokens",
+                                          "Tokens emitted by steps that scored drafts (accepted + recovered/bonus).")
+        self.num_accepted_tokens_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                                   "Accepted draft tokens by draft position (0 = first).", ("position",))
+        self.step_stage_seconds = Histogram("specd_step_stage_seconds", "Time per engine step stage.", ("stage",),
+                                            buckets=_STAGE_BUCKETS, registry=registry)
+        self.step_tokens = Histogram("specd_step_tokens", "Tokens fed to the model per forward pass.",
+                                     buckets=_TOKEN_BUCKETS, registry=registry)
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting for KV blocks or a batch slot.")
+        self.kv_cache_usage_ratio = gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).")
+        self.num_preemptions = counter("num_preemptions", "Requests preempted to free KV blocks.")
+        self.drafter_fallbacks = counter("drafter_fallbacks",
+                                         "Steps decoded without drafts because the drafter failed or was late.")
+
+
+class VerifierMetricsExporter:
+    """Reads the engine's stats and the drafter client's fallback counter; never touched by the step.
+
+    `read_fallbacks` returns the drafter client's running total (0 without a drafter client).
+    """
+
+    def __init__(self, metrics: VerifierMetrics, engine, read_fallbacks: Callable[[], int] = lambda: 0) -> None:
+        self._metrics = metrics
+        self._engine = engine
+        self._read_fallbacks = read_fallbacks
+        self._exported_fallbacks = 0
+
+    def export(self) -> None:
+        """Called on the engine thread after each step (and after aborts)."""
+        for step in self._engine.take_step_stats():
+            self._export_step(step)
+        fallbacks = self._read_fallbacks()
+        if fallbacks > self._exported_fallbacks:
+            self._metrics.drafter_fallbacks.inc(fallbacks - self._exported_fallbacks)
+            self._exported_fallbacks = fallbacks
+        self._export_load(self._engine.load())
+
+    def _export_step(self, step) -> None:
+        metrics = self._metrics
+        for stage, seconds in step.stage_seconds.items():
+            metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
+        metrics.step_tokens.observe(step.num_tokens)
+        spec = step.spec_decoding
+        if spec is not None and spec.num_drafts:
+            metrics.num_drafts.inc(spec.num_drafts)
+            metrics.num_draft_tokens.inc(spec.num_draft_tokens)
+            metrics.num_accepted_tokens.inc(spec.num_accepted_tokens)
+            metrics.num_emitted_tokens.inc(spec.num_emitted_tokens)
+            for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+                if count:
+                    metrics.num_accepted_tokens_per_pos.labels(position=str(position)).inc(count)
+        if step.num_preemptions:
+            metrics.num_preemptions.inc(step.num_preemptions)
+
+    def _export_load(self, load) -> None:
+        self._metrics.num_requests_running.set(load.num_running)
+        self._metrics.num_requests_waiting.set(load.num_waiting)
+        self._metrics.kv_cache_usage_ratio.set(load.kv_cache_usage)

@@ -1,0 +1,84 @@
+"""`specd verifier`: load the model, warm up, then report SERVING and serve until SIGTERM.
+
+The gRPC port opens first (health NOT_SERVING, Generate UNAVAILABLE) so that orchestrators see a
+live process while the model loads; SERVING is reported only after a warm-up generation has run.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from prometheus_client import CollectorRegistry
+
+from specd.default_model import resolve_model_path
+from specd.serving import GrpcServer
+from specd.v1 import verifier_pb2, verifier_pb2_grpc
+from verifier_service.config import VerifierConfig
+from verifier_service.convert import ModelLimits
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.sampling_params import SamplingParams
+from verifier_service.engine_loop import EngineLoop
+from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
+from verifier_service.service import VerifierServicer
+
+logger = logging.getLogger(__name__)
+SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
+
+
+def serve(config: VerifierConfig) -> None:
+    """Blocks until SIGTERM / SIGINT, then drains in-flight requests and stops."""
+    asyncio.run(serve_async(config))
+
+
+async def serve_async(config: VerifierConfig) -> None:
+    registry = CollectorRegistry()
+    servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests)
+    server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
+                        register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s))
+    await server.start()
+    engine_loop, drafter = await asyncio.to_thread(_load_and_warm_up, config, registry)
+    engine_loop.start()
+    servicer.attach(engine_loop, model_limits(engine_loop.engine))
+    await server.mark_ready()
+    logger.info("verifier ready on port %d", server.port)
+    try:
+        await server.serve_until_signalled()
+    finally:
+        engine_loop.stop()
+        if drafter is not None:
+            drafter.close()
+
+
+def _load_and_warm_up(config: VerifierConfig, registry: CollectorRegistry):
+    """Builds the engine with its drafter client and runs one short generation (runs off the event loop)."""
+    started = time.monotonic()
+    drafter = _drafter_client(config)
+    engine = Engine(config.engine, drafter)
+    _warm_up(engine)
+    exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine,
+                                       read_fallbacks=(lambda: drafter.num_fallbacks) if drafter else (lambda: 0))
+    logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
+    return EngineLoop(engine, after_step=exporter.export), drafter
+
+
+def _drafter_client(config: VerifierConfig):
+    if config.drafter_addr is None:
+        return None
+    from verifier_service.drafter_client import DrafterClient
+
+    return DrafterClient(config.drafter_addr, tls=config.drafter_tls)
+
+
+def _warm_up(engine: Engine) -> None:
+    """One prefill and a few decode steps, so the first real request does not pay for lazy set-up."""
+    engine.add_request("warmup", [1, 2, 3, 4, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.take_step_stats()  # the warm-up does not count in the metrics
+
+
+def model_limits(engine: Engine) -> ModelLimits:
+    """What requests are validated against, from the loaded model."""
+    name = resolve_model_path(engine.config.model).name
+    return ModelLimits(name=name, max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)
