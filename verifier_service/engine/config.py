@@ -1,0 +1,54 @@
+"""The engine's one configuration object, built once at start-up and validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verifier_service.engine.sampling_params import InvalidParameter
+
+_DEVICES = ("auto", "cpu", "cuda")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine and its model runner need to know.
+
+    model: a Hugging Face checkpoint folder, or "default" (SmolLM2-135M-Instruct).
+    block_size: tokens per KV block (the flash-attn path requires 256).
+    kv_cache_bytes: the KV budget on the CPU; 0 = let the runner size it (free GPU memory on CUDA).
+    kv_cache_memory_fraction: share of free GPU memory the runner may give the KV cache.
+    max_model_len: prompt + output tokens per request; 0 = the model's own context length.
+    num_speculative_tokens: drafts per step for requests that do not say (0 turns speculation off).
+    """
+
+    model: str = "default"
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 2**20
+    kv_cache_memory_fraction: float = 0.8
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 0
+    num_speculative_tokens: int = 4
+    enable_prefix_caching: bool = True
+    min_ngram: int = 1
+    max_ngram: int = 4
+
+    def __post_init__(self) -> None:
+        checks = [
+            (bool(self.model), "model", "must name a checkpoint folder or 'default'"),
+            (self.device in _DEVICES, "device", f"must be one of {_DEVICES}"),
+            (self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}"),
+            (self.block_size >= 1, "block_size", "must be >= 1"),
+            (self.kv_cache_bytes >= 0, "kv_cache_bytes", "must be >= 0 (0 = sized by the runner)"),
+            (0.0 < self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "must be in (0, 1]"),
+            (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1"),
+            (self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1"),
+            (self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)"),
+            (self.num_speculative_tokens >= 0, "num_speculative_tokens", "must be >= 0"),
+            (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise InvalidParameter(name, message)

@@ -1,0 +1,86 @@
+"""Lossless verification of draft tokens (speculative sampling, Leviathan et al., arXiv 2211.17192).
+
+Terms. For a request with d drafts the model scored d + 1 positions: row j (j < d) is the target
+distribution p_j for the position of draft j, row d follows the last draft.
+- draft: a token proposed by the drafter; scored, not yet emitted.
+- accepted: a draft kept as output. Drafts are accepted left to right until the first rejection.
+- recovered token: emitted in place of the first rejected draft, drawn from p_j with the draft removed.
+- bonus token: emitted after all d drafts were accepted, drawn from row d.
+So every verify step emits num_accepted + 1 tokens.
+
+Greedy (temperature 0): accept while draft == argmax p_j; the recovered / bonus token is the argmax,
+so the output equals plain greedy decoding token for token.
+
+Sampling (temperature > 0): n-gram drafts are deterministic, i.e. the draft distribution q is a point
+mass on the draft x. The paper's rule "accept with probability min(1, p(x) / q(x))" becomes "accept with
+probability p(x)", and its residual max(0, p - q), normalised, becomes p with x removed and renormalised.
+Each emitted token is then distributed exactly as p_j: P(x) = p(x), and any other y is emitted with
+(1 - p(x)) * p(y) / (1 - p(x)) = p(y). p is the filtered target (temperature, top-k, top-p, min-p).
+
+Everything runs on the whole batch with tensor ops; the result reaches the host in one copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verifier_service.engine.sampling import target_probabilities
+from verifier_service.engine.sampling_metadata import SamplingMetadata
+
+
+@dataclass(frozen=True)
+class VerifiedTokens:
+    """Per request of the scheduled batch (in its order); empty for requests that had no logits."""
+
+    token_ids: list[list[int]]  # emitted: accepted drafts, then one recovered or bonus token
+    num_accepted: list[int]  # drafts accepted
+
+
+def verify(
+    logits: torch.Tensor,  # [num_rows, vocab] float32: rows of each request with logits, in batch order
+    metadata: SamplingMetadata,
+) -> VerifiedTokens:
+    """Accept or reject every request's drafts and choose the token that follows them."""
+    accepted, replacement = _judge_rows(logits, metadata)  # [num_rows] bool, [num_rows] int64
+    num_columns = metadata.row_index.shape[1]  # max drafts + 1
+    accepted_padded = accepted[metadata.row_index[:, :-1]] & metadata.draft_mask  # [num_requests, max_drafts]
+    num_accepted = accepted_padded.long().cumprod(dim=1).sum(dim=1)  # [num_requests]
+    columns = torch.arange(num_columns, device=logits.device).unsqueeze(0)
+    drafts = torch.nn.functional.pad(metadata.draft_token_ids, (0, 1))  # [num_requests, max_drafts + 1]
+    output = torch.where(columns < num_accepted.unsqueeze(1), drafts, replacement[metadata.row_index])
+    host = torch.cat([output, num_accepted.unsqueeze(1)], dim=1).tolist()  # the one device-to-host copy
+    return _unpack(host, metadata)
+
+
+def _judge_rows(
+    logits: torch.Tensor,  # [num_rows, vocab]
+    metadata: SamplingMetadata,
+) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [num_rows] bool, replacement token [num_rows] int64
+    """Per row: would its draft be accepted, and which token replaces it if not (or follows, if bonus)."""
+    target_argmax = logits.argmax(dim=-1)
+    greedy_accepted = metadata.row_draft == target_argmax
+    if metadata.all_greedy:
+        return greedy_accepted, target_argmax
+    probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k,
+                                 metadata.row_top_p, metadata.row_min_p)
+    uniform, exponential = metadata.random_draws(logits.shape[-1], logits.device)
+    draft_prob = probs.gather(1, metadata.row_draft.unsqueeze(1)).squeeze(1)  # p(x)
+    sampled_accepted = metadata.row_has_draft & (uniform < draft_prob)
+    residual = probs.scatter(1, metadata.row_draft.unsqueeze(1), 0.0)
+    residual = torch.where(metadata.row_has_draft.unsqueeze(1), residual, probs)  # bonus rows: all of p
+    # p(x) == 1 up to rounding leaves nothing to recover from; then any draw from p is as good.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, probs)
+    sampled = (residual / exponential).argmax(dim=-1)  # exponential race: a draw proportional to residual
+    greedy = metadata.row_greedy
+    return torch.where(greedy, greedy_accepted, sampled_accepted), torch.where(greedy, target_argmax, sampled)
+
+
+def _unpack(host: list[list[int]], metadata: SamplingMetadata) -> VerifiedTokens:
+    token_ids: list[list[int]] = [[] for _ in range(metadata.batch_size)]
+    num_accepted = [0] * metadata.batch_size
+    for row, batch_index in zip(host, metadata.batch_indices):
+        count = row[-1]
+        token_ids[batch_index] = row[:count + 1]
+        num_accepted[batch_index] = count
+    return VerifiedTokens(token_ids, num_accepted)

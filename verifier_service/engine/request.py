@@ -1,0 +1,84 @@
+"""One request's state inside the engine."""
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+from verifier_service.engine.outputs import FinishReason, RequestUsage
+from verifier_service.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(str, Enum):
+    WAITING = "waiting"  # not admitted yet, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds KV blocks and takes part in steps
+    FINISHED = "finished"
+
+
+class Request:
+    """Prompt, generated tokens and how much of them the KV cache holds.
+
+    The sequence is prompt_token_ids + output_token_ids. The first num_computed_tokens of it have their
+    KV in the cache; the rest (a prompt not yet prefilled, or just the last sampled token) is fed next.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_index: int, device: torch.device | str = "cpu") -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.token_ids = list(prompt_token_ids)  # prompt + output, kept in step with output_token_ids
+        self.params = params
+        self.arrival_index = arrival_index  # FCFS order
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
+        self.num_draft_slots = 0  # KV slots reserved for drafts in the current step
+        self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
+        self.generator = _seeded_generator(params.seed, device)
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_steps = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_output(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.token_ids.extend(token_ids)
+
+    def reset_for_recompute(self) -> None:
+        """After preemption: the KV cache holds nothing; prompt + output are prefilled again later."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table = []
+        self.num_hashed_blocks = 0
+        self.num_draft_slots = 0
+
+    def usage(self) -> RequestUsage:
+        return RequestUsage(
+            prompt_tokens=len(self.prompt_token_ids),
+            completion_tokens=len(self.output_token_ids),
+            draft_tokens=self.num_draft_tokens,
+            accepted_tokens=self.num_accepted_tokens,
+            steps=self.num_steps,
+        )
+
+
+def _seeded_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator

@@ -1,0 +1,47 @@
+"""The target distribution: logits -> probabilities with temperature, top-k, top-p and min-p.
+
+Filters apply in vLLM's order: temperature, then top-k, then top-p on what top-k kept, then min-p
+(relative to the most likely token). Every argument is per row so one call serves a mixed batch.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def target_probabilities(
+    logits: torch.Tensor,  # [num_rows, vocab] float32
+    temperature: torch.Tensor,  # [num_rows] > 0 (greedy rows pass 1.0; their argmax is used instead)
+    top_k: torch.Tensor,  # [num_rows] int, 0 = off
+    top_p: torch.Tensor,  # [num_rows] in (0, 1], 1 = off
+    min_p: torch.Tensor,  # [num_rows] in [0, 1], 0 = off
+) -> torch.Tensor:  # [num_rows, vocab], rows sum to 1
+    """Probabilities of the filtered, temperature-scaled distribution each row samples from."""
+    logits = logits / temperature.unsqueeze(1)
+    use_top_k, use_top_p = bool((top_k > 0).any()), bool((top_p < 1.0).any())
+    if use_top_k or use_top_p:
+        logits = _apply_top_k_top_p(logits, top_k, top_p, use_top_p)
+    probs = logits.softmax(dim=-1)
+    if bool((min_p > 0.0).any()):
+        threshold = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _apply_top_k_top_p(
+    logits: torch.Tensor,  # [num_rows, vocab]
+    top_k: torch.Tensor,  # [num_rows]
+    top_p: torch.Tensor,  # [num_rows]
+    use_top_p: bool,
+) -> torch.Tensor:  # [num_rows, vocab] with filtered-out entries at -inf
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+    outside_top_k = (top_k.unsqueeze(1) > 0) & (ranks >= top_k.unsqueeze(1))
+    sorted_logits = sorted_logits.masked_fill(outside_top_k, float("-inf"))
+    if use_top_p:
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p: a token goes once the tokens before it
+        # already hold top_p (the most likely token always stays).
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

@@ -1,0 +1,223 @@
+"""Continuous batching with chunked prefill, draft slots, prefix caching and preemption.
+
+A pair of calls, as in vLLM V1: schedule() picks this step's tokens, update() applies what the
+verifier accepted. Each running request feeds tokens[num_computed:] (a prompt chunk, or just its last
+sampled token) and, when decoding, up to k draft slots whose KV blocks are reserved here before the
+proposer runs; add_drafts() then puts the actual drafts (maybe fewer) into the batch.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.block_manager import BlockManager
+from verifier_service.engine.outputs import FinishReason, RequestOutput
+from verifier_service.engine.proposer import DraftRequest
+from verifier_service.engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from verifier_service.engine.rejection_sampler import VerifiedTokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, num_speculative_tokens: int, vocab_size: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.num_speculative_tokens = num_speculative_tokens
+        self.vocab_size = vocab_size
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
+        self.running: list[Request] = []  # oldest first, so the newest is preempted first
+        self.num_preemptions = 0  # since start (stats read the difference per step)
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Finish a request now and free its blocks at once; None if it is unknown or finished."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.WAITING:
+            self.waiting.remove(request)
+        else:
+            self.running.remove(request)
+            self.block_manager.free(request.block_table)
+        request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
+        return request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- schedule ---------------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        """This step's tokens for running requests first (oldest first), then newly admitted ones."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_tokens, num_slots = self._plan(request, request.num_computed_tokens, budget)
+            if self._grow(request, num_tokens + num_slots):
+                scheduled.append(self._scheduled(request, num_tokens, num_slots))
+                budget -= num_tokens + num_slots
+                index += 1
+                continue
+            victim = self.running.pop()  # out of blocks: recompute the newest request later
+            self._preempt(victim)
+            preempted = True
+            if victim is request:
+                break
+        if not preempted:  # admitting while preempting would only thrash
+            scheduled += self._admit(budget)
+        return ScheduledBatch(scheduled)
+
+    def _admit(self, budget: int) -> list[ScheduledRequest]:
+        scheduled = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            # Leave at least the last token to compute: its logits choose the next token.
+            cached = self.block_manager.find_cached_prefix(request.token_ids[:-1])
+            num_cached_tokens = len(cached) * self.block_manager.block_size
+            num_tokens, num_slots = self._plan(request, num_cached_tokens, budget)
+            num_new_blocks = self.block_manager.blocks_needed(
+                num_cached_tokens + num_tokens + num_slots) - len(cached)
+            num_revived = sum(1 for b in cached if self.block_manager.blocks[b].ref_count == 0)
+            if not self.block_manager.can_allocate(num_new_blocks + num_revived):
+                break  # FCFS: nobody overtakes the oldest waiting request
+            self.waiting.popleft()
+            self.block_manager.share(cached)
+            request.block_table = cached + self.block_manager.allocate(num_new_blocks)
+            request.num_hashed_blocks = len(cached)
+            request.num_computed_tokens = num_cached_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(self._scheduled(request, num_tokens, num_slots))
+            budget -= num_tokens + num_slots
+        return scheduled
+
+    def _plan(self, request: Request, num_computed: int, budget: int) -> tuple[int, int]:
+        """(tokens to feed, draft slots): a prompt chunk, or the last token plus up to k drafts."""
+        num_remaining = request.num_tokens - num_computed
+        num_tokens = min(num_remaining, budget)
+        if num_remaining > 1:
+            return num_tokens, 0
+        return num_tokens, max(0, min(self._max_drafts(request), budget - 1))
+
+    def _max_drafts(self, request: Request) -> int:
+        """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1)."""
+        k = request.params.num_speculative_tokens
+        k = self.num_speculative_tokens if k is None else k
+        return min(k, request.params.max_tokens - request.num_output_tokens - 1,
+                   self.max_model_len - request.num_tokens - 1)
+
+    def _grow(self, request: Request, num_new_slots: int) -> bool:
+        """Make the block table cover num_new_slots more positions; False if blocks ran out."""
+        needed = self.block_manager.blocks_needed(request.num_computed_tokens + num_new_slots)
+        missing = needed - len(request.block_table)
+        if missing <= 0:
+            return True
+        if not self.block_manager.can_allocate(missing):
+            return False
+        request.block_table += self.block_manager.allocate(missing)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request.block_table)
+        request.reset_for_recompute()
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def _scheduled(self, request: Request, num_tokens: int, num_slots: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        request.num_draft_slots = num_slots
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.token_ids[start:start + num_tokens],
+            start_position=start,
+            block_table=list(request.block_table),
+            num_draft_tokens=0,
+            num_logits=1 if start + num_tokens == request.num_tokens else 0,
+        )
+
+    # -- drafts -----------------------------------------------------------------------------------
+
+    def draft_requests(self, batch: ScheduledBatch) -> list[DraftRequest]:
+        """What to ask the proposer for: requests of this batch that have draft slots."""
+        wanted = []
+        for scheduled in batch.requests:
+            request = self.requests[scheduled.request_id]
+            if request.num_draft_slots:
+                wanted.append(DraftRequest(request.request_id, request.token_ids, request.num_draft_slots,
+                                           request.params.min_ngram, request.params.max_ngram))
+        return wanted
+
+    def add_drafts(self, batch: ScheduledBatch, drafts: Mapping[str, Sequence[int]]) -> None:
+        """Append each request's drafts (at most its reserved slots; cut at an id outside the vocabulary)."""
+        for scheduled in batch.requests:
+            request = self.requests.get(scheduled.request_id)
+            draft = list(drafts.get(scheduled.request_id, ()))[:request.num_draft_slots if request else 0]
+            valid = next((i for i, t in enumerate(draft) if not 0 <= t < self.vocab_size), len(draft))
+            scheduled.token_ids = scheduled.token_ids + draft[:valid]
+            scheduled.num_draft_tokens = valid
+            scheduled.num_logits += valid
+
+    # -- update -----------------------------------------------------------------------------------
+
+    def update(self, batch: ScheduledBatch, verified: VerifiedTokens) -> list[RequestOutput]:
+        """Advance each request by what was computed and accepted; finish those that stop."""
+        outputs = []
+        for index, scheduled in enumerate(batch.requests):
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            num_accepted = verified.num_accepted[index]
+            request.num_computed_tokens = (scheduled.start_position + scheduled.num_tokens
+                                           - scheduled.num_draft_tokens + num_accepted)
+            if scheduled.num_logits:
+                outputs.append(self._emit(request, scheduled, verified.token_ids[index], num_accepted))
+            self._cache_blocks(request)
+            if request.is_finished:
+                self._finish(request)
+        return outputs
+
+    def _emit(self, request: Request, scheduled: ScheduledRequest, token_ids: list[int],
+              num_accepted: int) -> RequestOutput:
+        params = request.params
+        token_ids = token_ids[:min(params.max_tokens - request.num_output_tokens,
+                                   self.max_model_len - request.num_tokens)]
+        stop_at = next((i for i, t in enumerate(token_ids) if t in request.stop_token_ids), None)
+        if stop_at is not None:
+            token_ids = token_ids[:stop_at + 1]  # the stop token is output, nothing after it
+        request.append_output(token_ids)
+        if stop_at is not None:
+            request.finish_reason = FinishReason.STOP
+        elif (request.num_output_tokens >= params.max_tokens
+              or request.num_tokens >= self.max_model_len):
+            request.finish_reason = FinishReason.LENGTH
+        request.num_draft_tokens += scheduled.num_draft_tokens
+        request.num_accepted_tokens += min(num_accepted, len(token_ids))
+        request.num_steps += 1
+        if request.finish_reason is not None:
+            request.status = RequestStatus.FINISHED
+        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage())
+
+    def _cache_blocks(self, request: Request) -> None:
+        if request.num_computed_tokens // self.block_manager.block_size <= request.num_hashed_blocks:
+            return  # no block became full: skip copying the token list
+        computed = request.token_ids[:request.num_computed_tokens]
+        request.num_hashed_blocks = self.block_manager.cache_full_blocks(
+            request.block_table, computed, request.num_hashed_blocks)
+
+    def _finish(self, request: Request) -> None:
+        self.running.remove(request)
+        del self.requests[request.request_id]
+        self.block_manager.free(request.block_table)
