@@ -1,0 +1,20 @@
+"""Fixtures for the model-side tests: tiny random checkpoints saved once per module or session."""
+from __future__ import annotations
+
+import pytest
+
+from engine_model.checkpoints import TINY_CHECKPOINTS, save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_CHECKPOINTS))
+def tiny_checkpoint(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    save_tiny_checkpoint(request.param, folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_checkpoint("llama-gqa-llama3-rope-untied-sharded", folder)
+    return folder
