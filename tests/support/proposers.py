@@ -1,0 +1,74 @@
+"""Draft proposers for tests: always right, always wrong, and a brute-force n-gram lookup.
+
+All follow verifier_service.engine.proposer.Proposer. The oracle and the adversary know each request's
+reference sequence (prompt + the continuation plain decoding produces).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from verifier_service.engine.proposer import DraftRequest
+
+
+class _RecordingProposer:
+    """Keeps what the engine asked for and released, so tests can check the protocol too."""
+
+    def __init__(self) -> None:
+        self.num_calls = 0
+        self.num_proposed = 0
+        self.released: list[str] = []
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
+        self.num_calls += 1
+        drafts = {r.request_id: self._draft(r)[:r.num_draft_tokens] for r in requests}
+        self.num_proposed += sum(map(len, drafts.values()))
+        return drafts
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        self.released += request_ids
+
+    def _draft(self, request: DraftRequest) -> list[int]:
+        raise NotImplementedError
+
+
+class OracleProposer(_RecordingProposer):
+    """Proposes the reference continuation: every draft is accepted under greedy decoding."""
+
+    def __init__(self, references: Mapping[str, Sequence[int]]) -> None:
+        super().__init__()
+        self.references = {k: list(v) for k, v in references.items()}
+
+    def _draft(self, request: DraftRequest) -> list[int]:
+        reference = self.references.get(request.request_id, [])
+        context = len(request.token_ids)
+        return reference[context:context + request.num_draft_tokens]
+
+
+class AdversarialProposer(OracleProposer):
+    """Proposes a token that is never the reference's: every draft is rejected under greedy decoding."""
+
+    def __init__(self, references: Mapping[str, Sequence[int]], vocab_size: int) -> None:
+        super().__init__(references)
+        self.vocab_size = vocab_size
+
+    def _draft(self, request: DraftRequest) -> list[int]:
+        right = super()._draft(request)
+        return [(t + 1) % self.vocab_size for t in right] or [0] * request.num_draft_tokens
+
+
+class BruteForceNgramProposer(_RecordingProposer):
+    """Prompt lookup: find the latest earlier match of the context's last n tokens (longest n first)
+    and propose the tokens that followed it."""
+
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 4) -> None:
+        super().__init__()
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+
+    def _draft(self, request: DraftRequest) -> list[int]:
+        tokens = list(request.token_ids)
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            suffix = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == suffix:
+                    return tokens[start + n:start + n + request.num_draft_tokens]
+        return []
