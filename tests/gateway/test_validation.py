@@ -1,0 +1,77 @@
+"""Request validation: every bad field is refused with an error naming it; defaults are filled in."""
+import pytest
+
+from gateway.validation import RequestError, RequestFields, validate, validate_model_name
+
+MAX_MODEL_LEN = 64
+
+
+def check(tokenizer, **fields):
+    return validate(RequestFields(**fields), tokenizer, MAX_MODEL_LEN)
+
+
+BAD_FIELDS = [
+    ({"prompt": "hi", "prompt_token_ids": [1, 2]}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "word " * 100}, "prompt"),
+    ({"prompt_token_ids": [1, 49152]}, "prompt_token_ids"),
+    ({"prompt_token_ids": [-1]}, "prompt_token_ids"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": -5}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, "max_tokens"),
+    ({"prompt": "hi", "temperature": -0.1}, "temperature"),
+    ({"prompt": "hi", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "hi", "top_p": 0.0}, "top_p"),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+    ({"prompt": "hi", "top_k": -2}, "top_k"),
+    ({"prompt": "hi", "min_p": -0.5}, "min_p"),
+    ({"prompt": "hi", "min_p": 1.5}, "min_p"),
+    ({"prompt": "hi", "seed": -1}, "seed"),
+    ({"prompt": "hi", "stop": [""]}, "stop"),
+    ({"prompt": "hi", "num_speculative_tokens": -1}, "num_speculative_tokens"),
+    ({"messages": []}, "messages"),
+]
+
+
+@pytest.mark.parametrize("fields,field", BAD_FIELDS)
+def test_a_bad_field_is_refused_naming_it(tokenizer, fields, field):
+    with pytest.raises(RequestError) as error:
+        check(tokenizer, **fields)
+    assert error.value.field == field
+    assert str(error.value).startswith(f"{field}: ")
+
+
+def test_defaults_fill_the_context_and_sample_at_temperature_one(tokenizer):
+    request = check(tokenizer, prompt="Hello")
+    prompt_len = len(tokenizer.encode("Hello"))
+    assert request.prompt_token_ids == tuple(tokenizer.encode("Hello"))
+    assert request.max_tokens == MAX_MODEL_LEN - prompt_len
+    assert (request.temperature, request.top_p, request.top_k, request.min_p) == (1.0, 1.0, 0, 0.0)
+    assert request.num_speculative_tokens is None and request.seed is None
+
+
+def test_end_of_sequence_ids_become_stop_token_ids(tokenizer):
+    assert check(tokenizer, prompt="Hi").stop_token_ids == (2,)  # <|im_end|>
+
+
+def test_top_k_minus_one_means_off_and_speculation_can_be_turned_off(tokenizer):
+    request = check(tokenizer, prompt_token_ids=[1, 2, 3], top_k=-1, num_speculative_tokens=0,
+                    max_tokens=MAX_MODEL_LEN - 3)
+    assert (request.top_k, request.num_speculative_tokens, request.max_tokens) == (0, 0, MAX_MODEL_LEN - 3)
+
+
+def test_chat_messages_are_rendered_with_the_models_template(tokenizer):
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    request = validate(RequestFields(messages=messages), tokenizer, 2048)
+    text = tokenizer.hf.decode(list(request.prompt_token_ids))
+    assert text.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n")  # the template's default system prompt
+    assert request.prompt_token_ids.count(1) == 3  # <|im_start|> once per turn, not doubled as BOS
+
+
+def test_model_name_must_be_one_the_server_serves():
+    validate_model_name("default", ("SmolLM2-135M-Instruct", "default"))
+    with pytest.raises(RequestError) as error:
+        validate_model_name("gpt-4", ("SmolLM2-135M-Instruct", "default"))
+    assert error.value.field == "model"
