@@ -45,7 +45,7 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-              slot_mapping: list[int], block_size: int, device: torch.device) -> "AttentionMetadata":
+              slot_mapping: list[int], block_size: int, device: torch.device | str) -> "AttentionMetadata":
         """Builds the tensors on the CPU and copies each to `device` once."""
         cu_q = [0]
         for n in query_lens:
@@ -55,6 +55,7 @@ class AttentionMetadata:
             cu_k.append(cu_k[-1] + n)
         max_blocks = max(len(t) for t in block_tables)
         padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+        device = torch.device(device)
         pin = device.type == "cuda"
 
         def to_device(values, dtype) -> torch.Tensor:
