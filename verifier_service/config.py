@@ -39,4 +39,6 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         model=options.model, device=options.resolved_device(), dtype=options.resolved_dtype(),
         num_speculative_tokens=options.num_speculative_tokens, max_model_len=options.max_model_len,
     )
-    return VerifierConfig(engine=engine, drafter_addr=options.drafter_addr, drafter_tls=drafter_tls, server=server)
+    # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.
+    drafter_addr = None if options.drafter_addr.lower() in ("", "none") else options.drafter_addr
+    return VerifierConfig(engine=engine, drafter_addr=drafter_addr, drafter_tls=drafter_tls, server=server)

@@ -89,13 +89,14 @@ class Stack:
     """drafter + N verifiers + gateway; `extra_args` go to every service (e.g. ["--num-speculative-tokens", "0"])."""
 
     num_verifiers: int = 1
+    with_drafter: bool = True  # False: verifiers run with --drafter-addr none
     extra_args: tuple[str, ...] = ("--device", "cpu", "--dtype", "float32")
     services: dict[str, Service] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specd-stack-")))
 
     def __post_init__(self) -> None:
-        drafter = self._service("drafter", [])
-        verifiers = [self._service(f"verifier-{i}", ["--drafter-addr", drafter.address])
+        drafter_addr = self._service("drafter", []).address if self.with_drafter else "none"
+        verifiers = [self._service(f"verifier-{i}", ["--drafter-addr", drafter_addr])
                      for i in range(self.num_verifiers)]
         gateway_args = ["--http-port", str(free_port())]
         for verifier in verifiers:

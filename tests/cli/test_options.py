@@ -1,0 +1,65 @@
+"""Shared options: command line over SPECD_* environment over defaults; bad values name the option."""
+import pytest
+
+from specd.cli import build_parser
+from specd.launcher import plan_stack
+from specd.options import ServiceOptions, options_from_args
+
+
+def parse(argv, monkeypatch=None, **env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return options_from_args(build_parser().parse_args(argv))
+
+
+def test_defaults_follow_the_contract():
+    options = parse(["gateway"])
+    assert options.model == "default"
+    assert options.verifier_addresses == ("127.0.0.1:50061",)
+    assert options.drafter_addr == "127.0.0.1:50071"
+
+
+def test_environment_supplies_options(monkeypatch):
+    options = parse(["verifier"], monkeypatch, SPECD_MODEL="/models/x", SPECD_NUM_SPECULATIVE_TOKENS="0",
+                    SPECD_VERIFIER_ADDR="a:1,b:2")
+    assert options.model == "/models/x"
+    assert options.num_speculative_tokens == 0
+    assert options.verifier_addrs == ("a:1", "b:2")
+
+
+def test_command_line_wins_over_environment(monkeypatch):
+    options = parse(["verifier", "--model", "/cli"], monkeypatch, SPECD_MODEL="/env")
+    assert options.model == "/cli"
+
+
+def test_repeated_verifier_addr_collects_all():
+    options = parse(["gateway", "--verifier-addr", "h:1", "--verifier-addr", "h:2"])
+    assert options.verifier_addresses == ("h:1", "h:2")
+
+
+def test_auto_on_a_cpu_machine_means_float32_cpu():
+    options = ServiceOptions()
+    assert options.resolved_device() in ("cpu", "cuda")
+    assert options.resolved_dtype() == ("bfloat16" if options.resolved_device() == "cuda" else "float32")
+
+
+@pytest.mark.parametrize("field, kwargs", [("num_speculative_tokens", {"num_speculative_tokens": -1}),
+                                           ("device", {"device": "tpu"}),
+                                           ("tls_cert", {"tls_cert": "c.pem"})])
+def test_bad_values_name_the_option(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        ServiceOptions(**kwargs)
+
+
+def test_port_offset_moves_every_service_and_replicas_get_consecutive_ports():
+    services = plan_stack(ServiceOptions(), num_verifiers=2, port_offset=100)
+    ports = {s.name: s.grpc_port for s in services}
+    assert ports == {"drafter": 50171, "verifier-0": 50161, "verifier-1": 50162, "gateway": 50151}
+    gateway = services[-1].argv
+    assert gateway[gateway.index("--http-port") + 1] == "8100"
+    assert "127.0.0.1:50162" in gateway
+
+
+def test_too_many_verifiers_is_refused():
+    with pytest.raises(ValueError, match="num_verifiers"):
+        plan_stack(ServiceOptions(), num_verifiers=11, port_offset=0)

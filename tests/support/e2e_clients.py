@@ -1,0 +1,70 @@
+"""Small clients the e2e tests share: gRPC Generate through the gateway, verifier load reports, metrics."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import grpc
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from specd.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    usage: object
+    num_messages: int
+
+
+def generate(address: str, prompt: str, max_tokens: int, **fields) -> Generation:
+    """A greedy gRPC Generate through the gateway, collected."""
+    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0, **fields)
+    token_ids, texts, last, count = [], [], None, 0
+    with grpc.insecure_channel(address) as channel:
+        for response in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120):
+            token_ids += response.token_ids
+            texts.append(response.text)
+            last, count = response, count + 1
+    return Generation(token_ids, "".join(texts), last.finish_reason, last.usage, count)
+
+
+def load_report(address: str) -> verifier_pb2.LoadReport:
+    with grpc.insecure_channel(address) as channel:
+        return verifier_pb2_grpc.VerifierStub(channel).GetLoad(verifier_pb2.GetLoadRequest(), timeout=10)
+
+
+def metric_value(url: str, name: str, **labels) -> float:
+    """The summed value of the samples named `name` whose labels include `labels` (0 if absent)."""
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_model():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specd.default_model import resolve_model_path
+
+    path = resolve_model_path("default")
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def hf_greedy(prompt: str, max_tokens: int) -> tuple[int, ...]:
+    """transformers' greedy continuation of `prompt` on the default model, float32 CPU (EOS included)."""
+    import torch
+
+    tokenizer, model = _hf_model()
+    input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        output = model.generate(input_ids, max_new_tokens=max_tokens, do_sample=False)
+    return tuple(output[0, input_ids.shape[1]:].tolist())
