@@ -132,10 +132,11 @@ class Router:
         """
         message = convert.verifier_request(request_id, request)
         tried: set[Replica] = set()
+        last_error = UpstreamError(grpc.StatusCode.UNAVAILABLE, "no verifier replica could take the request")
         while True:
             replica = self.pick(exclude=tried)
             if replica is None:
-                raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "no verifier replica could take the request")
+                raise last_error
             tried.add(replica)
             produced = False
             try:
@@ -146,6 +147,7 @@ class Router:
             except UpstreamError as error:
                 if produced or error.code not in RETRYABLE_CODES:
                     raise
+                last_error = error
                 logger.warning("verifier %s failed before the first token (%s); trying another replica",
                                replica.address, error.code.name)
 

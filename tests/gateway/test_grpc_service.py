@@ -1,0 +1,117 @@
+"""specd.v1.Gateway/Generate over real gRPC: text, usage, errors naming fields, auth, cancel propagation."""
+import asyncio
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from specd.serving import open_channel
+from specd.v1 import gateway_pb2, gateway_pb2_grpc
+from support.gateway_stack import MAX_MODEL_LEN, REPLY, start_gateway_stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stub(stack):
+    channel = open_channel(stack.grpc_address)
+    yield gateway_pb2_grpc.GatewayStub(channel)
+    await channel.close()
+
+
+async def generate(stub, **fields):
+    return [m async for m in stub.Generate(gateway_pb2.GenerateRequest(**fields))]
+
+
+async def test_generate_streams_the_decoded_reply_and_usage(stub, stack, tokenizer):
+    messages = await generate(stub, prompt="Say hello", max_tokens=50)
+    assert "".join(m.text for m in messages) == REPLY
+    assert [t for m in messages for t in m.token_ids] == stack.reply_ids
+    last = messages[-1]
+    assert last.finish_reason == "stop" and all(not m.finish_reason for m in messages[:-1])
+    assert last.usage.prompt_tokens == len(tokenizer.encode("Say hello"))
+    assert last.usage.completion_tokens == len(stack.reply_ids)
+    assert last.usage.accepted_tokens <= last.usage.draft_tokens
+
+
+async def test_the_verifier_gets_the_tokenized_prompt_and_sampling(stub, stack):
+    await generate(stub, prompt_token_ids=[5, 6, 7], max_tokens=4, temperature=0.5, top_k=3, seed=9,
+                   num_speculative_tokens=0)
+    sent = stack.verifier.requests[-1]
+    assert list(sent.prompt_token_ids) == [5, 6, 7]
+    sampling = sent.sampling
+    assert (sampling.max_tokens, sampling.top_k, sampling.seed) == (4, 3, 9)
+    assert sampling.temperature == pytest.approx(0.5) and list(sampling.stop_token_ids) == [2]
+    assert sampling.HasField("num_speculative_tokens") and sampling.num_speculative_tokens == 0
+
+
+async def test_max_tokens_ends_with_length(stub):
+    messages = await generate(stub, prompt="x", max_tokens=2)
+    assert messages[-1].finish_reason == "length"
+    assert sum(len(m.token_ids) for m in messages) == 2
+
+
+async def test_a_stop_string_ends_the_stream_without_returning_it(stub, stack):
+    stack.verifier.hold_after_steps = 4  # the 4th step completes the emoji; the gateway must cancel
+    messages = await generate(stub, prompt="x", stop=["🎉"])
+    assert "".join(m.text for m in messages) == " Hello 世界 "
+    assert messages[-1].finish_reason == "stop"
+    await asyncio.wait_for(stack.verifier.cancelled.wait(), 5)  # nothing more is generated for it
+
+
+@pytest.mark.parametrize("fields,field", [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "x", "prompt_token_ids": [1]}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": MAX_MODEL_LEN}, "max_tokens"),  # context learned from GetLoad
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "top_p": 2}, "top_p"),
+    ({"prompt_token_ids": [99999]}, "prompt_token_ids"),
+    ({"prompt": "x", "num_speculative_tokens": -1}, "num_speculative_tokens"),
+])
+async def test_bad_input_is_invalid_argument_naming_the_field(stub, fields, field):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await generate(stub, **fields)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(f"{field}: ")
+
+
+async def test_a_verifier_error_reaches_the_client_with_its_code(stub, stack):
+    stack.verifier.fail_with = grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await generate(stub, prompt="x")
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_client_cancel_cancels_the_verifier_call(stub, stack):
+    stack.verifier.hold_after_steps = 1
+    call = stub.Generate(gateway_pb2.GenerateRequest(prompt="x"))
+    await call.read()
+    call.cancel()
+    await asyncio.wait_for(stack.verifier.cancelled.wait(), 5)
+
+
+async def test_a_client_deadline_reaches_the_verifier(stub, stack):
+    await generate_with_timeout(stub, timeout=4.0)
+    assert 3.0 < stack.verifier.time_remaining[-1] < 4.5
+
+
+async def generate_with_timeout(stub, timeout):
+    return [m async for m in stub.Generate(gateway_pb2.GenerateRequest(prompt="x"), timeout=timeout)]
+
+
+async def test_with_an_api_key_calls_need_the_bearer_token(tokenizer):
+    stack = await start_gateway_stack(tokenizer, api_key="s3cret")
+    channel = open_channel(stack.grpc_address)
+    stub = gateway_pb2_grpc.GatewayStub(channel)
+    try:
+        for metadata in [(), (("authorization", "Bearer wrong"),)]:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await anext(aiter(stub.Generate(gateway_pb2.GenerateRequest(prompt="x"), metadata=metadata)))
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        call = stub.Generate(gateway_pb2.GenerateRequest(prompt="x"),
+                             metadata=(("authorization", "Bearer s3cret"),))
+        assert "".join([m.text async for m in call]) == REPLY
+    finally:
+        await channel.close()
+        await stack.stop()

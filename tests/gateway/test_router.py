@@ -1,0 +1,167 @@
+"""Routing over real grpc.aio Verifier servers on loopback: load, health, failover, cancel, deadline."""
+import asyncio
+from contextlib import aclosing
+
+import grpc
+import pytest
+
+from gateway.request import GenerationRequest
+from gateway.router import Router, UpstreamError
+from support.scripted_verifier import ScriptedVerifier
+
+# Fixtures live on the session loop (pyproject), so the tests must too: grpc.aio binds to one loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+TOKENS = [10, 11, 12, 13, 14, 15]
+REQUEST = GenerationRequest(prompt_token_ids=(1, 2, 3), max_tokens=16)
+
+
+@pytest.fixture
+async def replicas():
+    servers = [await ScriptedVerifier(TOKENS).start() for _ in range(2)]
+    yield servers
+    for server in servers:
+        await server.stop()
+
+
+@pytest.fixture
+async def router(replicas):
+    router = Router([replica.address for replica in replicas], poll_interval=0.05)
+    await router.start()
+    yield router
+    await router.close()
+
+
+async def collect(router, request=REQUEST, deadline=None):
+    return [chunk async for chunk in router.generate("req", request, deadline)]
+
+
+async def test_a_request_streams_every_step_and_finishes_with_usage(router):
+    chunks = await collect(router)
+    assert [t for c in chunks for t in c.token_ids] == TOKENS
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].usage.steps == 3
+    assert all(not c.finish_reason for c in chunks[:-1])
+
+
+async def test_requests_go_to_the_least_loaded_replica(router, replicas):
+    replicas[0].reported_running = 5
+    await router.poll()
+    for _ in range(4):
+        await collect(router)
+    assert (len(replicas[0].requests), len(replicas[1].requests)) == (0, 4)
+
+
+async def test_two_equally_loaded_replicas_share_the_requests(router, replicas):
+    for _ in range(6):
+        await collect(router)
+    assert len(replicas[0].requests) >= 2 and len(replicas[1].requests) >= 2
+
+
+async def test_concurrent_requests_spread_over_replicas(router, replicas):
+    for replica in replicas:
+        replica.hold_after_steps = 1
+    streams = [aclosing(router.generate(f"r{i}", REQUEST)) for i in range(4)]
+    iterators = [await stream.__aenter__() for stream in streams]
+    for iterator in iterators:
+        await anext(iterator)  # each request holds its replica after its first step
+    assert (replicas[0].live, replicas[1].live) == (2, 2)
+    for stream in streams:
+        await stream.__aexit__(None, None, None)
+
+
+async def test_a_replica_failing_before_the_first_token_is_retried_on_another(router, replicas):
+    replicas[0].fail_with = grpc.StatusCode.UNAVAILABLE
+    replicas[1].reported_running = 3  # the router would pick replica 0 first
+    await router.poll()
+    chunks = await collect(router)
+    assert [t for c in chunks for t in c.token_ids] == TOKENS
+    assert len(replicas[0].requests) == 1 and len(replicas[1].requests) == 1
+
+
+async def test_a_stopped_replica_is_skipped(router, replicas):
+    await replicas[0].stop()
+    for _ in range(3):
+        chunks = await collect(router)
+        assert chunks[-1].finish_reason == "stop"
+    assert len(replicas[1].requests) == 3
+    await router.poll()
+    assert [r.healthy for r in router.replicas] == [False, True]
+
+
+async def test_a_failure_after_the_first_token_is_not_retried(router, replicas):
+    replicas[1].reported_running = 3
+    await router.poll()
+    replicas[0].hold_after_steps = 1
+    async with aclosing(router.generate("req", REQUEST)) as chunks:
+        await anext(chunks)
+        await replicas[0].stop()
+        with pytest.raises(UpstreamError) as error:
+            await anext(chunks)
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+    assert replicas[1].requests == []
+
+
+async def test_bad_input_errors_are_not_retried(router, replicas):
+    for replica in replicas:
+        replica.fail_with = grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(UpstreamError) as error:
+        await collect(router)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(replicas[0].requests) + len(replicas[1].requests) == 1
+
+
+async def test_when_every_replica_is_down_the_request_fails_unavailable(router, replicas):
+    for replica in replicas:
+        await replica.stop()
+    with pytest.raises(UpstreamError) as error:
+        await collect(router)
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_closing_the_stream_cancels_the_verifier_call(router, replicas):
+    for replica in replicas:
+        replica.hold_after_steps = 1
+    async with aclosing(router.generate("req", REQUEST)) as chunks:
+        await anext(chunks)
+    serving = next(r for r in replicas if r.requests)
+    await asyncio.wait_for(serving.cancelled.wait(), timeout=5)
+    assert serving.live == 0
+
+
+async def test_cancelling_the_consumer_task_cancels_the_verifier_call(router, replicas):
+    for replica in replicas:
+        replica.hold_after_steps = 1
+    task = asyncio.create_task(collect(router))
+    while not any(r.live for r in replicas):
+        await asyncio.sleep(0.01)
+    task.cancel()
+    serving = next(r for r in replicas if r.requests)
+    await asyncio.wait_for(serving.cancelled.wait(), timeout=5)
+
+
+async def test_the_remaining_deadline_is_passed_downstream(router, replicas):
+    deadline = asyncio.get_running_loop().time() + 3.0
+    await collect(router, deadline=deadline)
+    remaining = next(r.time_remaining[0] for r in replicas if r.requests)
+    assert 2.0 < remaining < 3.5  # grpc rounds deadlines; without one it would be None
+
+
+async def test_a_deadline_that_passes_mid_stream_ends_the_request(router, replicas):
+    for replica in replicas:
+        replica.hold_after_steps = 1
+    with pytest.raises(UpstreamError) as error:
+        await collect(router, deadline=asyncio.get_running_loop().time() + 0.3)
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_max_model_len_comes_from_the_load_reports(router):
+    assert router.max_model_len() == 2048
+
+
+async def test_when_every_replica_is_full_the_last_error_is_reported(router, replicas):
+    for replica in replicas:
+        replica.fail_with = grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(UpstreamError) as error:
+        await collect(router)
+    assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(replicas[0].requests) == len(replicas[1].requests) == 1
