@@ -42,6 +42,12 @@ def step_layout(metadata: AttentionMetadata) -> _StepLayout:
     return _StepLayout(key_slots, mask.unsqueeze(1), token_batch, token_row)
 
 
+def _gather(cache: torch.Tensor, key_slots: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, kv_heads, head_dim] rows at key_slots [batch, max_k] -> [batch, max_k, kv_heads, head_dim]."""
+    rows = cache.view(-1, *cache.shape[2:]).index_select(0, key_slots.view(-1))
+    return rows.view(*key_slots.shape, *cache.shape[2:])
+
+
 class ReferenceAttentionBackend:
     """PyTorch paged attention (see module docstring)."""
 
@@ -61,8 +67,8 @@ class ReferenceAttentionBackend:
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
         layout = self._layout_of(metadata)
-        keys = k_cache.view(-1, *k_cache.shape[2:])[layout.key_slots]  # [batch, max_k, kv_heads, head_dim]
-        values = v_cache.view(-1, *v_cache.shape[2:])[layout.key_slots]
+        keys = _gather(k_cache, layout.key_slots)  # [batch, max_seqlen_k, num_kv_heads, head_dim]
+        values = _gather(v_cache, layout.key_slots)
         if metadata.batch_size == 1:  # the common batch-1 decode: no padding to do
             padded = query.unsqueeze(0)
         else:

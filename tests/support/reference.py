@@ -1,0 +1,71 @@
+"""transformers' greedy decoding as the reference for exactness tests, cached on disk.
+
+`hf_greedy` runs `generate(do_sample=False)` in float32 on the CPU, one prompt at a time (no padding
+to perturb the numerics). Each result is stored under ${SPECD_TEST_CACHE:-$TMPDIR/specd-test-cache},
+keyed by the model (folder, config and weight files' sizes and times), the prompt ids, the length and
+the EOS choice, so the slow reference runs once per CI run however many tests share it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SPECD_TEST_CACHE") or Path(tempfile.gettempdir()) / "specd-test-cache"
+    return Path(root) / "hf_greedy"
+
+
+def _model_fingerprint(model_dir: Path) -> str:
+    """Changes whenever the checkpoint folder's files do."""
+    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.iterdir() if p.is_file())
+    return json.dumps([str(model_dir.resolve()), stats])
+
+
+@functools.lru_cache(maxsize=2)
+def _load(model_dir: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _generate(model_dir: Path, prompt: list[int], max_new_tokens: int, ignore_eos: bool) -> list[int]:
+    import torch
+
+    model = _load(str(model_dir))
+    eos = model.generation_config.eos_token_id
+    pad = model.generation_config.pad_token_id
+    pad = pad if pad is not None else (eos if isinstance(eos, int) else 0)
+    input_ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        # An explicit mask: generate() would otherwise mask every prompt token equal to pad_token_id.
+        output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=None if ignore_eos else eos, pad_token_id=pad,
+                                temperature=None, top_p=None, top_k=None)
+    return output[0, len(prompt):].tolist()
+
+
+def hf_greedy(model_dir: str | Path, prompts_token_ids: list[list[int]], max_new_tokens: int,
+              ignore_eos: bool = False) -> list[list[int]]:
+    """Greedy continuations (new tokens only; a final EOS included unless ignore_eos) of each prompt."""
+    model_dir = Path(model_dir)
+    fingerprint = _model_fingerprint(model_dir)
+    results = []
+    for prompt in prompts_token_ids:
+        key = json.dumps([fingerprint, list(prompt), max_new_tokens, ignore_eos])
+        path = cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+        if path.is_file():
+            results.append(json.loads(path.read_text()))
+            continue
+        tokens = _generate(model_dir, list(prompt), max_new_tokens, ignore_eos)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(tokens))
+        partial.replace(path)  # atomic: parallel test processes never read half a file
+        results.append(tokens)
+    return results
