@@ -35,10 +35,12 @@ def flash_attn_available(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
 
 
-def select_backend(device: torch.device | str, block_size: int | None = None) -> AttentionBackend:
-    """flash-attn on CUDA when importable (and block_size fits its paged layout), else the reference."""
+def select_backend(device: torch.device | str, block_size: int | None = None,
+                   dtype: torch.dtype | None = None) -> AttentionBackend:
+    """flash-attn on CUDA when importable and the cache fits it (block_size % 256, half precision), else the reference."""
     device = torch.device(device)
     fits = block_size is None or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0
+    fits = fits and dtype in (None, torch.float16, torch.bfloat16)
     if flash_attn_available(device) and fits:
         from verifier_service.attention.flash import FlashAttentionBackend
 

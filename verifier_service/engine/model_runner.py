@@ -63,7 +63,7 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES, block_bytes)
         self.kv_cache = KVCache.allocate(config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
-        self.backend = select_backend(self.device, block_size)
+        self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
 
     @torch.inference_mode()
