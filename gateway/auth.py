@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 import grpc
 
@@ -20,10 +21,12 @@ def bearer_matches(header: str | None, api_key: str) -> bool:
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """Refuses gRPC calls without the right key with UNAUTHENTICATED (health and reflection stay open)."""
 
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, on_refused: Callable[[str], None] = lambda code: None) -> None:
+        """`on_refused` is told the status name of each refused call (the error metric)."""
         self.api_key = api_key
 
         async def refuse(request, context: grpc.aio.ServicerContext):
+            on_refused(grpc.StatusCode.UNAUTHENTICATED.name)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization: missing or wrong API key")
 
         self._refusal = grpc.unary_stream_rpc_method_handler(refuse)

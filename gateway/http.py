@@ -37,6 +37,7 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
             return await call_next(request)
         if bearer_matches(request.headers.get("authorization"), api_key):
             return await call_next(request)
+        pipeline.metrics.count_rejected("UNAUTHENTICATED")
         return JSONResponse(responses.error_body("missing or wrong API key", "authentication_error"), 401)
 
     @app.exception_handler(RequestError)

@@ -70,7 +70,8 @@ async def start(config: GatewayConfig) -> RunningGateway:
     """Starts both servers; health says SERVING once they listen (verifier health is /health's job)."""
     pipeline = build_pipeline(config)
     await pipeline.router.start()
-    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    interceptors = ([ApiKeyInterceptor(config.api_key, pipeline.metrics.count_rejected)]
+                    if config.api_key else [])
     grpc_server = GrpcServer(
         ServerConfig(host=config.host, port=config.grpc_port, tls=config.tls,
                      grace_seconds=config.grace_seconds),
@@ -95,7 +96,7 @@ def _http_server(config: GatewayConfig, pipeline: Pipeline) -> uvicorn.Server:
     uvicorn_config = uvicorn.Config(
         app, host=config.host, port=config.http_port, log_level="warning", lifespan="off",
         ssl_certfile=tls.cert_path if tls else None, ssl_keyfile=tls.key_path if tls else None,
-        timeout_graceful_shutdown=int(config.grace_seconds))
+        timeout_graceful_shutdown=max(1, round(config.grace_seconds)))  # 0 would log an error
     return _EmbeddedUvicorn(uvicorn_config)
 
 

@@ -183,7 +183,8 @@ async def test_with_an_api_key_v1_needs_the_bearer_token_but_probes_do_not(token
             right = {"authorization": "Bearer s3cret"}
             assert (await client.post("/v1/completions", json=body, headers=right)).status_code == 200
             assert (await client.get("/health")).status_code == 200
-            assert (await client.get("/metrics")).status_code == 200
+            metrics = await client.get("/metrics")
+            assert 'specd_request_errors_total{code="UNAUTHENTICATED"} 2.0' in metrics.text
     finally:
         await stack.stop()
 
