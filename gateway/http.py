@@ -42,6 +42,7 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
 
     @app.exception_handler(RequestError)
     async def bad_request(_request: Request, error: RequestError):
+        pipeline.metrics.count_rejected("INVALID_ARGUMENT")
         return JSONResponse(responses.error_body(error.message, "invalid_request_error", error.field), 400)
 
     @app.exception_handler(UpstreamError)

@@ -17,7 +17,7 @@ from gateway.router import Router, UpstreamError
 from gateway.stats import RequestStats
 from gateway.stop import StopStringMatcher
 from gateway.tokenizer import Tokenizer
-from gateway.validation import RequestError, RequestFields, validate, validate_model_name
+from gateway.validation import RequestFields, validate, validate_model_name
 
 
 class Pipeline:
@@ -43,20 +43,12 @@ class Pipeline:
         return self.router.max_model_len() or self._model_max_len
 
     def validate(self, fields: RequestFields) -> GenerationRequest:
-        """The validated request; raises RequestError (and counts it) on bad input."""
-        try:
-            return validate(fields, self.tokenizer, self.max_model_len())
-        except RequestError:
-            self.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
-            raise
+        """The validated request; raises RequestError naming the bad field."""
+        return validate(fields, self.tokenizer, self.max_model_len())
 
     def check_model(self, model: str | None) -> None:
-        """Raises RequestError (and counts it) when the HTTP `model` field names another model."""
-        try:
-            validate_model_name(model, self.served_model_names)
-        except RequestError:
-            self.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
-            raise
+        """Raises RequestError when the HTTP `model` field names a model not served here."""
+        validate_model_name(model, self.served_model_names)
 
     async def generate(self, request: GenerationRequest, deadline: float | None = None,
                        ) -> AsyncIterator[TextChunk]:

@@ -22,6 +22,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         try:
             generation = self.pipeline.validate(convert.fields_from_generate_request(request))
         except RequestError as error:
+            self.pipeline.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         try:
             async for chunk in self.pipeline.generate(generation, _deadline(context)):

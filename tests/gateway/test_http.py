@@ -111,13 +111,17 @@ async def test_bad_fields_get_an_openai_style_400_naming_them(client, body, para
     assert param in error["message"]
 
 
-async def test_malformed_json_and_wrong_content_type_are_400(client):
+async def test_malformed_json_and_wrong_content_type_are_400(client, stack):
+    errors = stack.gateway.pipeline.metrics.registry.get_sample_value(
+        "specd_request_errors_total", {"code": "INVALID_ARGUMENT"}) or 0
     response = await client.post("/v1/completions", content=b"{not json",
                                  headers={"content-type": "application/json"})
     assert response.status_code == 400 and "malformed JSON" in response.json()["error"]["message"]
     response = await client.post("/v1/completions", content=b"prompt=x",
                                  headers={"content-type": "application/x-www-form-urlencoded"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "content-type"
+    assert stack.gateway.pipeline.metrics.registry.get_sample_value(
+        "specd_request_errors_total", {"code": "INVALID_ARGUMENT"}) == errors + 2
 
 
 async def test_a_full_verifier_is_429(client, stack):
