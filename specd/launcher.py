@@ -66,6 +66,11 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
                         ("--tls-ca", options.tls_ca), ("--api-key", options.api_key)):
         if value:
             argv += [flag, value]
+    if options.kv_cache_bytes is not None:
+        argv += ["--kv-cache-bytes", str(options.kv_cache_bytes)]
+    argv += ["--max-waiting-requests", str(options.max_waiting_requests)]
+    if options.log_requests:
+        argv.append("--log-requests")
     return argv
 
 

@@ -39,6 +39,10 @@ class ServiceOptions:
     tls_key: str | None = None
     tls_ca: str | None = None
     api_key: str | None = None
+    kv_cache_bytes: int | None = None  # verifier: KV budget on the CPU (None = the engine's default)
+    max_waiting_requests: int = 256  # verifier: queued requests beyond this get RESOURCE_EXHAUSTED
+    log_requests: bool = False  # gateway: log prompts and outputs (off: they never reach the logs)
+    inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -51,6 +55,12 @@ class ServiceOptions:
             raise ValueError("max_model_len: must be >= 0 (0 = the model's own context length)")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert: --tls-cert and --tls-key must be given together")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
+            raise ValueError("kv_cache_bytes: must be >= 0 (0 = sized by the runner)")
+        if self.max_waiting_requests < 1:
+            raise ValueError("max_waiting_requests: must be >= 1")
+        if self.inject_delay_ms < 0:
+            raise ValueError("inject_delay_ms: must be >= 0")
 
     @property
     def verifier_addresses(self) -> tuple[str, ...]:
@@ -104,6 +114,16 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-key", default=_env("tls_key", None))
     group.add_argument("--tls-ca", default=_env("tls_ca", None))
     group.add_argument("--api-key", default=_env("api_key", None))
+    group.add_argument("--kv-cache-bytes", type=int, default=_optional_int(_env("kv_cache_bytes", None)),
+                       help="verifier: KV cache budget in bytes on the CPU (default: the engine's 256 MiB)")
+    group.add_argument("--max-waiting-requests", type=int,
+                       default=int(_env("max_waiting_requests", defaults.max_waiting_requests)),
+                       help="verifier: queued requests beyond this are refused with RESOURCE_EXHAUSTED")
+    group.add_argument("--log-requests", action="store_true",
+                       default=_env("log_requests", "").lower() in ("1", "true", "yes"),
+                       help="gateway: log prompts and outputs (off by default: they never reach the logs)")
+    group.add_argument("--inject-delay-ms", type=int, default=int(_env("inject_delay_ms", 0)),
+                       help="drafter: testing aid, delay every batch of drafts by this many milliseconds")
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -118,4 +138,6 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         verifier_addrs=tuple(args.verifier_addrs), drafter_addr=args.drafter_addr, host=args.host,
         port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,
+        kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
+        log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
     )

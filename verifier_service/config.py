@@ -28,7 +28,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
     """The verifier's config from `specd verifier` options (ports default to CONTRACT.md's)."""
     tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
     # The drafter is dialled with the same CA and client certificate this server presents.
-    drafter_tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_ca else None
+    drafter_tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
     server = ServerConfig(
         host=options.host,
         port=VERIFIER_PORTS[0] if options.port is None else options.port,
@@ -38,7 +38,9 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
     engine = EngineConfig(
         model=options.model, device=options.resolved_device(), dtype=options.resolved_dtype(),
         num_speculative_tokens=options.num_speculative_tokens, max_model_len=options.max_model_len,
+        **({} if options.kv_cache_bytes is None else {"kv_cache_bytes": options.kv_cache_bytes}),
     )
     # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.
     drafter_addr = None if options.drafter_addr.lower() in ("", "none") else options.drafter_addr
-    return VerifierConfig(engine=engine, drafter_addr=drafter_addr, drafter_tls=drafter_tls, server=server)
+    return VerifierConfig(engine=engine, drafter_addr=drafter_addr, drafter_tls=drafter_tls, server=server,
+                          max_waiting_requests=options.max_waiting_requests)
