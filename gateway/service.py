@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 
 import grpc
 
@@ -25,8 +26,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             self.pipeline.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         try:
-            async for chunk in self.pipeline.generate(generation, _deadline(context)):
-                yield convert.generate_response(chunk)
+            # aclosing: if this handler is abandoned at a yield, the verifier call is still cancelled now.
+            async with aclosing(self.pipeline.generate(generation, _deadline(context))) as chunks:
+                async for chunk in chunks:
+                    yield convert.generate_response(chunk)
         except UpstreamError as error:
             await context.abort(error.code, error.message)
 
