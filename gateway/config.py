@@ -26,6 +26,7 @@ class GatewayConfig:
     request_timeout_seconds: float | None = None  # default deadline of HTTP requests (gRPC brings its own)
     health_poll_seconds: float = 0.5  # how often verifier health and load are polled
     grace_seconds: float = 10.0  # how long in-flight requests may run on after SIGTERM
+    log_requests: bool = False  # log prompts and outputs; off, they never reach the logs
 
     def __post_init__(self) -> None:
         if not self.model_path:

@@ -4,6 +4,7 @@ Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call thi
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -19,18 +20,21 @@ from gateway.stop import StopStringMatcher
 from gateway.tokenizer import Tokenizer
 from gateway.validation import RequestFields, validate, validate_model_name
 
+logger = logging.getLogger(__name__)
+
 
 class Pipeline:
     """The gateway's request logic, shared by the gRPC and HTTP front ends."""
 
     def __init__(self, tokenizer: Tokenizer, router: Router, metrics: GatewayMetrics,
-                 model_max_len: int, model_name: str) -> None:
+                 model_max_len: int, model_name: str, log_requests: bool = False) -> None:
         """`model_max_len` is the context length used until a verifier reports its own."""
         self.tokenizer = tokenizer
         self.router = router
         self.metrics = metrics
         self._model_max_len = model_max_len
         self.model_name = model_name
+        self.log_requests = log_requests
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -59,13 +63,15 @@ class Pipeline:
         """
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids))
         run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats)
+        request_id = uuid.uuid4().hex
         try:
-            async with aclosing(self.router.generate(uuid.uuid4().hex, request, deadline)) as chunks:
+            async with aclosing(self.router.generate(request_id, request, deadline)) as chunks:
                 stats.dispatched()
                 async for chunk in chunks:
                     out = run.step(chunk)
                     if out.finish_reason:
                         stats.finished(out.finish_reason)
+                        self._log(request_id, run, out.finish_reason)
                     if out.finish_reason or out.text or out.token_ids:
                         yield out
                     if out.finish_reason:
@@ -81,6 +87,11 @@ class Pipeline:
         finally:
             self.metrics.record(stats)
 
+    def _log(self, request_id: str, run: "_Run", finish_reason: str) -> None:
+        if self.log_requests:
+            logger.info("request %s: prompt %r -> %r (%s)", request_id,
+                        self.tokenizer.decode(list(run.request.prompt_token_ids)), run.text, finish_reason)
+
 
 class _Run:
     """The per-request state that turns verifier steps into client text."""
@@ -93,8 +104,14 @@ class _Run:
         self.stats = stats
         self.num_steps = 0
         self.num_accepted = 0
+        self.text = ""  # everything sent so far (only read when requests are logged)
 
     def step(self, chunk: VerifierChunk) -> TextChunk:
+        out = self._step(chunk)
+        self.text += out.text
+        return out
+
+    def _step(self, chunk: VerifierChunk) -> TextChunk:
         self.stats.tokens_arrived(len(chunk.token_ids))
         if chunk.token_ids:
             self.num_steps += 1

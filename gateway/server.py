@@ -63,7 +63,7 @@ def build_pipeline(config: GatewayConfig) -> Pipeline:
     router = Router(config.verifier_addrs, config.tls, poll_interval=config.health_poll_seconds)
     return Pipeline(Tokenizer(model_path), router, GatewayMetrics(),
                     model_max_len=config.max_model_len or _model_max_len(model_path),
-                    model_name=model_path.name)
+                    model_name=model_path.name, log_requests=config.log_requests)
 
 
 async def start(config: GatewayConfig) -> RunningGateway:

@@ -115,3 +115,15 @@ async def test_with_an_api_key_calls_need_the_bearer_token(tokenizer):
     finally:
         await channel.close()
         await stack.stop()
+
+
+async def test_prompts_and_outputs_reach_the_log_only_when_asked(stub, stack, caplog):
+    caplog.set_level("INFO", logger="gateway.pipeline")
+    await generate(stub, prompt="secret prompt")
+    assert "secret prompt" not in caplog.text
+    stack.gateway.pipeline.log_requests = True
+    try:
+        await generate(stub, prompt="secret prompt")
+    finally:
+        stack.gateway.pipeline.log_requests = False
+    assert "'secret prompt' -> ' Hello 世界 🎉 done.' (stop)" in caplog.text
