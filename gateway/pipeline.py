@@ -102,8 +102,7 @@ class _Run:
         self.detokenizer = detokenizer
         self.stop = StopStringMatcher(request.stop)
         self.stats = stats
-        self.num_steps = 0
-        self.num_accepted = 0
+        self.usage = Usage(len(request.prompt_token_ids), 0, 0, 0, 0)  # the verifier's counts so far
         self.text = ""  # everything sent so far (only read when requests are logged)
 
     def step(self, chunk: VerifierChunk) -> TextChunk:
@@ -113,24 +112,12 @@ class _Run:
 
     def _step(self, chunk: VerifierChunk) -> TextChunk:
         self.stats.tokens_arrived(len(chunk.token_ids))
-        if chunk.token_ids:
-            self.num_steps += 1
-            self.num_accepted += len(chunk.token_ids) - 1  # every step emits one token of its own
+        self.usage = chunk.usage or self.usage
         text = self.stop.feed(self.detokenizer.add(chunk.token_ids))
         ids = list(chunk.token_ids)
         if self.stop.stopped:
-            return TextChunk(text, ids, "stop", self._usage_so_far())
+            # The gateway ends the request itself: the verifier's counts so far are its totals.
+            return TextChunk(text, ids, "stop", self.usage)
         if chunk.finish_reason:
-            usage = chunk.usage or self._usage_so_far()
-            return TextChunk(text + self.stop.flush(), ids, chunk.finish_reason, usage)
+            return TextChunk(text + self.stop.flush(), ids, chunk.finish_reason, self.usage)
         return TextChunk(text, ids)
-
-    def _usage_so_far(self) -> Usage:
-        """Usage when the gateway ends a request itself (stop string): the verifier sent no totals.
-
-        Steps and accepted tokens are exact from the stream; the drafts scored are not visible, so
-        draft_tokens is reported as its lower bound, the accepted count.
-        """
-        return Usage(prompt_tokens=len(self.request.prompt_token_ids),
-                     completion_tokens=self.stats.completion_tokens, draft_tokens=self.num_accepted,
-                     accepted_tokens=self.num_accepted, steps=self.num_steps)

@@ -53,11 +53,11 @@ def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
 
 
 def output_to_proto(output: RequestOutput) -> verifier_pb2.VerifierGenerateResponse:
-    """One step's tokens; the finish reason and usage only on the last message."""
-    response = verifier_pb2.VerifierGenerateResponse(token_ids=output.new_token_ids)
+    """One step's tokens and the usage so far; the finish reason only on the last message."""
+    response = verifier_pb2.VerifierGenerateResponse(token_ids=output.new_token_ids,
+                                                     usage=usage_to_proto(output.usage))
     if output.finished:
         response.finish_reason = output.finish_reason.value
-        response.usage.CopyFrom(usage_to_proto(output.usage))
     return response
 
 
