@@ -25,11 +25,11 @@ TINY_CHECKPOINTS = {
 }
 
 
-def save_tiny_checkpoint(name: str, folder) -> None:
+def save_tiny_checkpoint(name: str, folder, **config_changes) -> None:
     """A random model of family `name` saved with save_pretrained; weights drawn wide enough to matter."""
     config_class, overrides, shard = TINY_CHECKPOINTS[name]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_class(**_SMALL, **overrides), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config_class(**{**_SMALL, **overrides, **config_changes}), dtype=torch.float32)
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.15)  # norms and biases too, so a weight loaded in the wrong place shows

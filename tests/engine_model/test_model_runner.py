@@ -86,3 +86,8 @@ def test_positions_beyond_max_model_len_are_rejected(tiny_llama):
 def test_warm_up_runs_and_leaves_the_runner_usable(runner, prompt):
     runner.warm_up()
     torch.testing.assert_close(full_prefill(runner, prompt, seed=11), full_prefill(runner, prompt), **TOLERANCE)
+
+
+def test_token_ids_outside_the_vocabulary_are_rejected(runner):
+    with pytest.raises(ValueError, match="token_ids"):
+        runner.execute(ScheduledBatch([chunk("r", [1, runner.vocab_size], 0, [0], 1)]))

@@ -41,7 +41,11 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dty
 
 
 class ModelRunner:
-    """Owns the model and its paged KV cache; `execute` scores one scheduled batch."""
+    """Owns the model and its paged KV cache; `execute` scores one scheduled batch.
+
+    The cache holds `kv_cache_bytes` when given (default 512 MiB on the CPU), else on CUDA what is left
+    of `gpu_memory_utilization` of the card once the model is loaded.
+    """
 
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", block_size: int = 16, kv_cache_bytes: int | None = None,
@@ -57,9 +61,9 @@ class ModelRunner:
         self.model = load_model(model_path, self.device, self.dtype, max_position=self.max_model_len)
         self.config, self.vocab_size, self.block_size = config, config.vocab_size, block_size
         block_bytes = bytes_per_block(config, block_size, self.dtype)
-        if self.device.type == "cuda":
+        if kv_cache_bytes is None and self.device.type == "cuda":
             num_blocks = num_blocks_for_gpu(self.device, gpu_memory_utilization, block_bytes)
-        else:
+        else:  # an explicit byte budget wins on any device
             num_blocks = num_blocks_for_budget(kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES, block_bytes)
         self.kv_cache = KVCache.allocate(config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
@@ -114,6 +118,8 @@ class ModelRunner:
         if not 0 <= request.num_logits <= request.num_tokens:
             raise ValueError(f"num_logits: {request.num_logits} for {request.num_tokens} tokens "
                              f"in request {request.request_id}")
+        if not 0 <= min(request.token_ids) <= max(request.token_ids) < self.vocab_size:
+            raise ValueError(f"token_ids: request {request.request_id} has ids outside [0, {self.vocab_size})")
         if request.context_len > self.max_model_len:
             raise ValueError(f"token_ids: request {request.request_id} reaches position {request.context_len}, "
                              f"beyond max_model_len {self.max_model_len}")
