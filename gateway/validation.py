@@ -39,8 +39,12 @@ class RequestFields:
     num_speculative_tokens: int | None = None
 
 
+INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
+
+
 def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> GenerationRequest:
     """The validated, tokenized request; raises RequestError naming the first bad field."""
+    _check_text_length(fields, tokenizer.max_token_chars * max_model_len)
     prompt_ids = _prompt_token_ids(fields, tokenizer)
     _check_prompt_length(prompt_ids, max_model_len)
     stop = tuple(fields.stop or ())
@@ -92,6 +96,17 @@ def _prompt_token_ids(fields: RequestFields, tokenizer: Tokenizer) -> list[int]:
     return tokenizer.encode(fields.prompt)
 
 
+def _check_text_length(fields: RequestFields, max_chars: int) -> None:
+    """Text that cannot fit the context whatever its tokens is refused before it is tokenized."""
+    if fields.prompt is not None:
+        _require(len(fields.prompt) <= max_chars, "prompt",
+                 f"is {len(fields.prompt)} characters, more than the model's context can hold")
+    if fields.messages is not None:
+        size = sum(len(str(message)) for message in fields.messages)
+        _require(size <= max_chars, "messages",
+                 f"hold {size} characters, more than the model's context can hold")
+
+
 def _check_prompt_length(prompt_ids: list[int], max_model_len: int) -> None:
     _require(len(prompt_ids) < max_model_len, "prompt",
              f"is {len(prompt_ids)} tokens; the model's context is {max_model_len} tokens "
@@ -131,7 +146,7 @@ def _top_p(value: float | None) -> float:
 def _top_k(value: int | None) -> int:
     if value is None or value == -1:  # -1 is vLLM's "off"
         return 0
-    _require(value >= 0, "top_k", f"must be >= 1, or 0 / -1 for off, got {value}")
+    _require(0 <= value <= INT32_MAX, "top_k", f"must be in [1, {INT32_MAX}], or 0 / -1 for off, got {value}")
     return value
 
 
@@ -148,6 +163,6 @@ def _seed(value: int | None) -> int | None:
 
 
 def _num_speculative_tokens(value: int | None) -> int | None:
-    _require(value is None or value >= 0, "num_speculative_tokens",
-             f"must be >= 0 (0 turns speculation off), got {value}")
+    _require(value is None or 0 <= value <= INT32_MAX, "num_speculative_tokens",
+             f"must be in [0, {INT32_MAX}] (0 turns speculation off), got {value}")
     return value
