@@ -17,6 +17,10 @@ class Tokenizer:
             raise ValueError(f"model: {self.model_path} has no fast tokenizer (tokenizer.json)")
         self.vocab_size = len(self.hf)
         self.eos_token_ids = _eos_token_ids(self.model_path, self.hf)
+        # No token covers more characters than its longest vocabulary entry, so a text longer than
+        # max_token_chars * n characters has more than n tokens: checked before tokenizing, this keeps
+        # a megabyte prompt from stalling the event loop just to be rejected.
+        self.max_token_chars = max(len(token) for token in self.hf.get_vocab())
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
