@@ -20,6 +20,9 @@ from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
 from gateway.validation import RequestError
+from specd.serving import MAX_MESSAGE_BYTES
+
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same ceiling as a gRPC message
 
 
 class ClientGone(Exception):
@@ -85,6 +88,9 @@ async def _parse(request: Request, schema):
     """The body as `schema`; RequestError naming the field on a wrong content type, bad JSON or types."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise RequestError("content-type", "must be application/json")
+    size = request.headers.get("content-length", "0")
+    if not size.isdigit() or int(size) > MAX_BODY_BYTES:  # refused before a byte of it is read
+        raise RequestError("body", f"is {size} bytes; at most {MAX_BODY_BYTES} are accepted")
     try:
         data = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
