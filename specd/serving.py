@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import grpc
 import prometheus_client
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -115,8 +116,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         for kind, factory in _HANDLER_FACTORIES.items():
             behavior = getattr(handler, kind)
             if behavior is not None:
-                return factory(_guard(behavior, method),
-                               request_deserializer=handler.request_deserializer,
+                deserializer = handler.request_deserializer
+                if kind.startswith("unary_") and deserializer is not None:
+                    deserializer = _tolerant(deserializer)
+                return factory(_guard(behavior, method), request_deserializer=deserializer,
                                response_serializer=handler.response_serializer)
         return handler
 
@@ -129,10 +132,35 @@ _HANDLER_FACTORIES = {
 }
 
 
+@dataclass(frozen=True)
+class _UndecodableRequest:
+    """Stands in for a request whose bytes are not a valid message (e.g. a string field that is not UTF-8)."""
+
+    reason: str
+
+
+def _tolerant(deserializer):
+    """grpc answers a request that fails to parse with UNKNOWN and a traceback in the log; parse
+    failures become an `_UndecodableRequest` instead, which `_guard` answers with INVALID_ARGUMENT."""
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except DecodeError as error:
+            return _UndecodableRequest(str(error))
+    return deserialize
+
+
+async def _refuse_undecodable(request, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, _UndecodableRequest):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request: cannot be decoded ({request.reason}); string fields must be valid UTF-8")
+
+
 def _guard(behavior, method: str):
     """Wrap a handler so its exceptions go through _abort_for; sync handlers are left alone."""
     if inspect.isasyncgenfunction(behavior):
         async def streaming(request, context):
+            await _refuse_undecodable(request, context)
             try:
                 async for response in behavior(request, context):
                     yield response
@@ -143,6 +171,7 @@ def _guard(behavior, method: str):
         return streaming
     if inspect.iscoroutinefunction(behavior):
         async def unary(request, context):
+            await _refuse_undecodable(request, context)
             try:
                 return await behavior(request, context)
             except grpc.aio.AbortError:
