@@ -1,0 +1,41 @@
+"""The drafter's settings: one frozen dataclass, validated once at start-up."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specd.serving import TlsConfig
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Service defaults and limits; a request's own n-gram bounds and draft count override them.
+
+    The index of every sequence covers n-grams of length 1..max_ngram, so a request may ask for any
+    bounds inside that range (others are clamped); min_ngram / max_ngram are the bounds used when a
+    request leaves them 0. Memory is about 350 bytes per held token with max_ngram = 4.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = 50071
+    metrics_port: int | None = 9471
+    tls: TlsConfig | None = None
+    min_ngram: int = 1  # default shortest suffix to match
+    max_ngram: int = 4  # default longest suffix to match, and the longest one indexed
+    max_draft_tokens: int = 32  # cap on a request's num_draft_tokens (a bigger ask gets this many)
+    max_tokens_held: int = 4_000_000  # all sequences together; least recently used ones are evicted
+    grace_seconds: float = 5.0  # drain time on SIGTERM
+
+    def __post_init__(self) -> None:
+        checks = [
+            (1 <= self.min_ngram, "min_ngram", "must be >= 1"),
+            (self.min_ngram <= self.max_ngram <= 64, "max_ngram", "must be in [min_ngram, 64]"),
+            (self.max_draft_tokens >= 1, "max_draft_tokens", "must be >= 1"),
+            (self.max_tokens_held >= 1, "max_tokens_held", "must be >= 1"),
+            (0 <= self.port <= 65535, "port", "must be a TCP port"),
+            (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "metrics_port",
+             "must be a TCP port"),
+            (self.grace_seconds >= 0, "grace_seconds", "must be >= 0"),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise ValueError(f"{name}: {message}")

@@ -1,0 +1,36 @@
+"""specd.v1.Drafter: a thin servicer over DrafterSession (one session per stream)."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from drafter_service import convert
+from drafter_service.drafter import Drafter
+from drafter_service.metrics import StepStats
+from specd.v1 import drafter_pb2, drafter_pb2_grpc
+
+
+class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+    """Answers every ProposeRequest of a stream with one ProposeResponse, in order."""
+
+    def __init__(self, drafter: Drafter, on_step: Callable[[StepStats], None]) -> None:
+        self._drafter = drafter
+        self._on_step = on_step
+
+    async def Propose(self, request_iterator: AsyncIterator[drafter_pb2.ProposeRequest],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[drafter_pb2.ProposeResponse]:
+        session = self._drafter.open_session()
+        try:
+            async for request in request_iterator:
+                started = time.perf_counter()
+                drafts = session.step(convert.batch_from_pb(request))
+                response = convert.drafts_to_pb(drafts)
+                self._on_step(StepStats(seconds=time.perf_counter() - started,
+                                        num_sequences=len(drafts.drafts),
+                                        proposed_tokens=drafts.num_draft_tokens,
+                                        sequences_held=len(self._drafter.store)))
+                yield response
+        finally:
+            session.close()  # the verifier re-syncs every sequence on its next stream

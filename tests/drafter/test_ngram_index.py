@@ -1,0 +1,88 @@
+"""The incremental n-gram index agrees with a brute-force scan of the rule in drafter_service/ngram.py."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drafter_service.ngram import NgramIndex
+
+
+def brute_force_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The rule, read literally: longest n first, most recent earlier occurrence, overlapping copy."""
+    length = len(tokens)
+    for n in range(max_n, min_n - 1, -1):
+        if n >= length:
+            continue
+        suffix = tokens[length - n:]
+        for end in range(length - 1, n - 1, -1):  # end < length: an earlier occurrence
+            if tokens[end - n:end] == suffix:
+                draft: list[int] = []
+                for j in range(k):
+                    draft.append(tokens[end + j] if end + j < length else draft[j - (length - end)])
+                return draft
+    return []
+
+
+# Small alphabets make repeats and overlapping matches common; big ids and negatives test the keys.
+small_alphabet = st.lists(st.integers(0, 3), max_size=60)
+wide_ids = st.lists(st.sampled_from([0, 1, 2**31 - 1, -1, -(2**31), 49151]), max_size=40)
+bounds = st.integers(1, 5).flatmap(lambda low: st.tuples(st.just(low), st.integers(low, 6)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.one_of(small_alphabet, wide_ids), k=st.integers(0, 8), bounds=bounds)
+def test_every_prefix_proposes_what_the_brute_force_rule_does(tokens, k, bounds):
+    min_n, max_n = bounds
+    index = NgramIndex(min_n, max_n)
+    for length in range(len(tokens) + 1):
+        assert index.propose(k) == brute_force_propose(tokens[:length], k, min_n, max_n)
+        if length < len(tokens):
+            index.append(tokens[length])
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=small_alphabet, k=st.integers(1, 8), ask=bounds)
+def test_per_request_bounds_inside_the_indexed_range(tokens, k, ask):
+    index = NgramIndex(1, 6, tokens)
+    assert index.propose(k, *ask) == brute_force_propose(tokens, k, *ask)
+
+
+def test_sequences_shorter_than_n_fall_back_to_shorter_ngrams_or_nothing():
+    assert NgramIndex(3, 4, [7, 7]).propose(4) == []
+    assert NgramIndex(1, 4, [7, 7]).propose(3) == [7, 7, 7]
+    assert NgramIndex(1, 4, [7]).propose(3) == []
+    assert NgramIndex(1, 4, []).propose(3) == []
+
+
+def test_the_most_recent_occurrence_wins():
+    # "1 2" occurs twice earlier, followed by 8 and then 9: the later one (9) is drafted.
+    assert NgramIndex(2, 2, [1, 2, 8, 1, 2, 9, 1, 2]).propose(1) == [9]
+
+
+def test_a_loop_drafts_a_full_k_by_continuing_its_period():
+    assert NgramIndex(1, 4, [5, 1, 2, 3, 1, 2, 3]).propose(7) == [1, 2, 3, 1, 2, 3, 1]
+
+
+@functools.cache
+def _real_tokens() -> list[int]:
+    transformers = pytest.importorskip("transformers")
+    from specd.default_model import resolve_model_path
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path("default"))
+    text = open(__file__).read() + open(brute_force_propose.__code__.co_filename).read()
+    return tokenizer(text)["input_ids"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(start=st.integers(0, 2000), length=st.integers(0, 400), k=st.integers(1, 8), bounds=bounds)
+def test_real_text_tokenized_by_the_default_model(start, length, k, bounds):
+    tokens = _real_tokens()[start:start + length]
+    index = NgramIndex(*bounds)
+    for position, token in enumerate(tokens):
+        if position % 7 == 0:  # every prefix would be slow with the quadratic reference
+            assert index.propose(k) == brute_force_propose(tokens[:position], k, *bounds)
+        index.append(token)
+    assert index.propose(k) == brute_force_propose(tokens, k, *bounds)
