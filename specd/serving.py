@@ -199,12 +199,14 @@ def _read(path: str | None) -> bytes | None:
 
 
 def open_channel(target: str, tls: TlsConfig | None = None, *, asynchronous: bool = True,
-                 server_name: str | None = None) -> grpc.aio.Channel | grpc.Channel:
+                 server_name: str | None = None,
+                 extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.aio.Channel | grpc.Channel:
     """A channel to `target` ("host:port") with the shared options; TLS when `tls` is given.
 
-    `server_name` overrides the name checked against the server's certificate (tests, IP targets).
+    `server_name` overrides the name checked against the server's certificate (tests, IP targets);
+    `extra_options` adds channel options (e.g. reconnect backoff).
     """
-    options = channel_options()
+    options = channel_options() + list(extra_options)
     if server_name is not None:
         options.append(("grpc.ssl_target_name_override", server_name))
     if tls is None:
