@@ -18,10 +18,10 @@ from specd.v1 import drafter_pb2, drafter_pb2_grpc
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name  # "specd.v1.Drafter"
 
 
-def build_server(config: DrafterConfig) -> GrpcServer:
-    """A GrpcServer with the Drafter servicer registered (not started)."""
+def build_server(config: DrafterConfig, drafter: Drafter | None = None) -> GrpcServer:
+    """A GrpcServer with the Drafter servicer registered (not started); `drafter` lets tests look in."""
     metrics = DrafterMetrics()
-    servicer = DrafterServicer(Drafter(config), on_step=metrics.record)
+    servicer = DrafterServicer(drafter or Drafter(config), on_step=metrics.record)
     server_config = ServerConfig(host=config.host, port=config.port, metrics_port=config.metrics_port,
                                  tls=config.tls, grace_seconds=config.grace_seconds)
     return GrpcServer(server_config, service_names=[SERVICE_NAME], registry=metrics.registry,

@@ -1,0 +1,91 @@
+"""Per-sequence state: deltas, re-sync on a mismatch, release, LRU eviction by tokens held."""
+from __future__ import annotations
+
+from drafter_service.config import DrafterConfig
+from drafter_service.drafter import Drafter, ProposeBatch, SequenceDelta
+from drafter_service.state import SequenceStore
+
+
+def test_deltas_extend_the_held_context():
+    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store.apply("a", 0, [1, 2, 3])
+    index = store.apply("a", 3, [1, 2])
+    assert index.tokens == [1, 2, 3, 1, 2]
+    assert index.propose(2) == [3, 1]
+    assert store.total_tokens == 5
+
+
+def test_start_zero_replaces_the_context():
+    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store.apply("a", 0, [1, 2, 3])
+    assert store.apply("a", 0, [9, 9]).tokens == [9, 9]
+    assert store.total_tokens == 2
+
+
+def test_a_start_that_does_not_match_asks_for_resync_and_drops_the_sequence():
+    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store.apply("a", 0, [1, 2, 3])
+    assert store.apply("a", 2, [7]) is None
+    assert "a" not in store and store.total_tokens == 0
+    assert store.apply("a", 3, [4]) is None  # still unknown until it is sent whole
+    assert store.apply("a", 0, [1, 2, 3, 4]).tokens == [1, 2, 3, 4]
+
+
+def test_an_unknown_sequence_asks_for_resync():
+    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    assert store.apply("never-seen", 5, [1]) is None
+
+
+def test_release_forgets_and_ignores_unknown_ids():
+    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store.apply("a", 0, [1, 2, 3])
+    store.release("a")
+    store.release("unknown")
+    assert len(store) == 0 and store.total_tokens == 0
+
+
+def test_eviction_drops_the_least_recently_used_until_the_budget_holds():
+    store = SequenceStore(max_ngram=4, max_tokens_held=10)
+    store.apply("old", 0, [1] * 4)
+    store.apply("used", 0, [2] * 4)
+    store.apply("old", 4, [1])  # "old" is now the most recently used
+    store.apply("new", 0, [3] * 4)  # 13 tokens > 10: "used" goes first
+    assert "used" not in store and "old" in store and "new" in store
+    assert store.total_tokens == 9 and store.num_evicted == 1
+
+
+def test_a_sequence_bigger_than_the_budget_is_not_held():
+    store = SequenceStore(max_ngram=4, max_tokens_held=3)
+    assert store.apply("huge", 0, [1, 2, 3, 4]) is None
+    assert store.total_tokens == 0
+
+
+def _delta(sequence_id, start, tokens, k=2):
+    return SequenceDelta(sequence_id, start, tokens, num_draft_tokens=k)
+
+
+def test_sessions_keep_the_same_sequence_id_apart_and_forget_it_on_close():
+    drafter = Drafter(DrafterConfig(min_ngram=1, max_ngram=2))
+    first, second = drafter.open_session(), drafter.open_session()
+    first.step(ProposeBatch(1, [_delta("s", 0, [1, 2, 1])]))
+    reply = second.step(ProposeBatch(1, [_delta("s", 3, [5])]))
+    assert reply.drafts[0].resync and reply.drafts[0].draft_token_ids == []
+    assert first.step(ProposeBatch(2, [_delta("s", 3, [2])])).drafts[0].draft_token_ids == [1, 2]
+    first.close()
+    assert len(drafter.store) == 0
+
+
+def test_a_batch_answers_every_sequence_in_order_with_request_bounds_and_a_draft_cap():
+    drafter = Drafter(DrafterConfig(min_ngram=1, max_ngram=4, max_draft_tokens=3))
+    session = drafter.open_session()
+    batch = ProposeBatch(7, [
+        _delta("b", 0, [4, 5, 6, 4, 5], k=10),  # capped at 3
+        SequenceDelta("a", 0, [1, 2, 9, 2], num_draft_tokens=2, min_ngram=2),  # "9 2" needs n=1
+        _delta("c", 0, [1, 2, 1], k=0),  # state only
+    ])
+    reply = session.step(batch)
+    assert reply.step_id == 7
+    assert [(d.sequence_id, d.draft_token_ids) for d in reply.drafts] == [
+        ("b", [6, 4, 5]), ("a", []), ("c", [])]
+    session.step(ProposeBatch(8, [], released_sequence_ids=["a", "b"]))
+    assert len(drafter.store) == 1

@@ -1,0 +1,248 @@
+"""The engine's Proposer over the drafter's batched bidirectional stream (specd.v1.Drafter/Propose).
+
+Each `propose()` sends one ProposeRequest carrying every sequence's delta (start = tokens already
+sent on this stream, new_token_ids = the rest; start = 0 with the whole context on first sight,
+after a resync answer, or on a new stream) and waits at most `timeout_s` for the reply with its
+step_id. Whatever goes wrong (drafter down, late, erroring, stream broken) the step gets no drafts
+and `num_fallbacks` grows by one (exported by the verifier as specd_drafter_fallbacks_total);
+`propose()` never raises and never waits past its deadline.
+
+Threads: `propose()` and `release()` run on the engine thread, which owns all delta bookkeeping.
+A background thread owns the connection: it waits for the channel (grpc core reconnects with
+exponential backoff, `initial_backoff_s` doubling-ish up to `max_backoff_s`), runs one stream at a
+time with grpc's sync API, and hands replies to the engine thread through a queue. Protobuf
+messages are built on grpc's request-consuming thread, so a long first-sight context does not
+delay the engine; this relies on the engine only appending to a request's token_ids.
+
+A reply whose step_id is not the one awaited (it came after its deadline) is dropped, but its
+resync answers are still honoured. A new stream starts empty on the drafter, so every sequence is
+re-sent whole on it.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from specd.serving import TlsConfig, open_channel
+from specd.v1 import drafter_pb2, drafter_pb2_grpc
+from verifier_service.engine.proposer import DraftRequest
+
+logger = logging.getLogger(__name__)
+
+_STREAM_ENDED = object()  # put on the reply queue when a stream breaks, so a waiting step stops
+
+
+@dataclass(frozen=True)
+class _Delta:
+    request: DraftRequest
+    start: int  # tokens of request.token_ids the drafter already holds
+    end: int  # context length at this step (token_ids may grow after propose() returns)
+
+
+@dataclass(frozen=True)
+class _Step:
+    step_id: int
+    deltas: Sequence[_Delta]
+    released_ids: Sequence[str]
+
+
+def _step_to_pb(step: _Step) -> drafter_pb2.ProposeRequest:
+    return drafter_pb2.ProposeRequest(
+        step_id=step.step_id,
+        sequences=[
+            drafter_pb2.SequenceDelta(
+                sequence_id=d.request.request_id, start=d.start,
+                new_token_ids=d.request.token_ids[d.start:d.end],
+                num_draft_tokens=d.request.num_draft_tokens,
+                min_ngram=d.request.min_ngram, max_ngram=d.request.max_ngram)
+            for d in step.deltas
+        ],
+        released_sequence_ids=step.released_ids,
+    )
+
+
+class _Stream:
+    """One connection's outgoing queue; `None` in it ends the request iterator."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.outbox: queue.SimpleQueue[_Step | None] = queue.SimpleQueue()
+
+    def requests(self):
+        while (step := self.outbox.get()) is not None:
+            yield _step_to_pb(step)
+
+
+class DrafterClient:
+    """Proposer (verifier_service/engine/proposer.py) backed by a remote drafter."""
+
+    def __init__(self, target: str = "127.0.0.1:50071", *, timeout_s: float = 0.005,
+                 tls: TlsConfig | None = None, server_name: str | None = None,
+                 initial_backoff_s: float = 0.05, max_backoff_s: float = 2.0) -> None:
+        """`timeout_s` is the per-step deadline (the CLI's --drafter-timeout-ms / 1000)."""
+        self.target = target
+        self.timeout_s = timeout_s
+        self.num_fallbacks = 0  # steps that wanted drafts and got none because of the drafter
+        self.num_stale_replies = 0  # replies that came after their step's deadline
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()  # (generation, response | _STREAM_ENDED)
+        self._stream: _Stream | None = None  # set and cleared by the connection thread only
+        self._generation_seen = -1
+        self._sent_lengths: dict[str, int] = {}  # per sequence: tokens the current stream holds
+        self._step_id = 0
+        self._closed = threading.Event()
+        self._channel = open_channel(target, tls, asynchronous=False, server_name=server_name,
+                                     extra_options=[
+                                         ("grpc.initial_reconnect_backoff_ms", int(initial_backoff_s * 1000)),
+                                         ("grpc.min_reconnect_backoff_ms", int(initial_backoff_s * 1000)),
+                                         ("grpc.max_reconnect_backoff_ms", int(max_backoff_s * 1000)),
+                                     ])
+        self._max_backoff_s = max_backoff_s
+        self._initial_backoff_s = initial_backoff_s
+        self._thread = threading.Thread(target=self._connection_loop, name="drafter-client", daemon=True)
+        self._thread.start()
+
+    # ---- engine thread -------------------------------------------------------------------------
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
+        """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time."""
+        try:
+            return self._propose(requests, time.monotonic() + self.timeout_s)
+        except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
+            logger.exception("drafter client failed a step; decoding without drafts")
+            self.num_fallbacks += 1
+            return {}
+
+    def _propose(self, requests: Sequence[DraftRequest], deadline: float) -> dict[str, list[int]]:
+        wanted = any(r.num_draft_tokens > 0 for r in requests)
+        stream = self._current_stream()
+        if stream is None:
+            self.num_fallbacks += wanted
+            return {}
+        self._drain_replies(stream.generation)  # honour late resync answers before computing deltas
+        self._step_id += 1
+        step = _Step(self._step_id, [self._delta(r) for r in requests], ())
+        stream.outbox.put(step)
+        if not wanted:
+            return {}
+        reply = self._await_reply(stream.generation, step.step_id, deadline)
+        if reply is None:
+            self.num_fallbacks += 1
+            return {}
+        return {d.sequence_id: list(d.draft_token_ids) for d in reply.drafts if d.draft_token_ids}
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Tell the drafter to forget finished or aborted requests (sent right away)."""
+        held = [i for i in request_ids if self._sent_lengths.pop(i, None) is not None]
+        stream = self._current_stream()
+        if held and stream is not None:
+            stream.outbox.put(_Step(0, (), held))  # step_id 0: nobody awaits its (empty) reply
+
+    def _current_stream(self) -> _Stream | None:
+        stream = self._stream
+        if stream is not None and stream.generation != self._generation_seen:
+            self._generation_seen = stream.generation
+            self._sent_lengths.clear()  # a new stream holds nothing: send every context whole
+        return stream
+
+    def _delta(self, request: DraftRequest) -> _Delta:
+        end = len(request.token_ids)
+        start = self._sent_lengths.get(request.request_id, 0)
+        if start > end:
+            start = 0  # the context shrank: start it afresh
+        self._sent_lengths[request.request_id] = end
+        return _Delta(request, start, end)
+
+    def _drain_replies(self, generation: int) -> None:
+        while True:
+            try:
+                reply = self._accept(generation, *self._replies.get_nowait())
+            except queue.Empty:
+                return
+            self._count_if_stale(reply, awaited=None)
+
+    def _await_reply(self, generation: int, step_id: int, deadline: float):
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                reply = self._accept(generation, *self._replies.get(timeout=remaining))
+            except queue.Empty:
+                return None
+            if reply is _STREAM_ENDED:
+                return None
+            if reply is not None and reply.step_id == step_id:
+                return reply
+            self._count_if_stale(reply, awaited=step_id)
+        return None
+
+    def _count_if_stale(self, reply, awaited: int | None) -> None:
+        if reply is not None and reply is not _STREAM_ENDED and reply.step_id not in (0, awaited):
+            self.num_stale_replies += 1
+
+    def _accept(self, generation: int, reply_generation: int, reply):
+        """Apply a reply's resync answers; returns it, or None if it belongs to an older stream."""
+        if reply_generation != generation:
+            return None
+        if reply is _STREAM_ENDED:
+            return reply
+        for draft in reply.drafts:
+            if draft.resync:
+                self._sent_lengths.pop(draft.sequence_id, None)
+        return reply
+
+    # ---- connection thread ---------------------------------------------------------------------
+
+    def _connection_loop(self) -> None:
+        stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        generation, backoff = 0, self._initial_backoff_s
+        while not self._closed.is_set():
+            if not self._wait_until_ready():
+                continue
+            generation += 1
+            answered = self._run_stream(stub, _Stream(generation))
+            # A stream that dies before answering anything must not be retried in a tight loop.
+            backoff = self._initial_backoff_s if answered else min(backoff * 2, self._max_backoff_s)
+            self._closed.wait(0 if answered else backoff)
+
+    def _wait_until_ready(self) -> bool:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=0.5)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - the channel was closed under us
+            self._closed.wait(self._initial_backoff_s)
+            return False
+
+    def _run_stream(self, stub: drafter_pb2_grpc.DrafterStub, stream: _Stream) -> bool:
+        """Runs one stream until it breaks; True if it answered at least once."""
+        answered = False
+        call = stub.Propose(stream.requests())
+        self._stream = stream
+        logger.info("drafter stream %d open to %s", stream.generation, self.target)
+        try:
+            for response in call:
+                answered = True
+                self._replies.put((stream.generation, response))
+        except grpc.RpcError as error:
+            if not self._closed.is_set():
+                logger.warning("drafter stream to %s broke (%s); decoding without drafts until it "
+                               "is back", self.target, error.code())
+        finally:
+            self._stream = None
+            stream.outbox.put(None)  # ends grpc's request-consuming thread
+            self._replies.put((stream.generation, _STREAM_ENDED))
+        return answered
+
+    def close(self) -> None:
+        """Stop the connection thread and close the channel."""
+        self._closed.set()
+        stream = self._stream
+        if stream is not None:
+            stream.outbox.put(None)
+        self._channel.close()
+        self._thread.join(timeout=5)
