@@ -3,9 +3,10 @@
 A background task polls every replica's grpc health and Verifier.GetLoad. A request goes to the
 healthy replica with the least load (the larger of its reported running + waiting requests and the
 requests this gateway has in flight on it; ties go round-robin). If the call fails with a retryable
-status before any token arrived, the request is sent to another replica; once a token has been streamed
-to the client it cannot be taken back, so later failures end the request. Closing the stream (client
-gone) cancels the verifier call, and the remaining deadline travels with every attempt.
+status, the request is sent to another replica: before its first token as it was, after it as a
+resumption (gateway/resume.py: prompt plus the tokens already streamed, the remaining max_tokens), so
+a dying replica costs no request while another one is left. Closing the stream (client gone) cancels
+the verifier call, and the remaining deadline travels with every attempt.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway import convert
 from gateway.request import GenerationRequest, ReplicaLoad, VerifierChunk
+from gateway.resume import StreamProgress
 from specd.serving import TlsConfig, open_channel
 from specd.v1 import verifier_pb2_grpc
 
@@ -130,6 +132,7 @@ class Router:
 
         Close the iterator (e.g. `contextlib.aclosing`) to cancel the downstream call early.
         """
+        progress = StreamProgress(request)
         message = convert.verifier_request(request_id, request)
         tried: set[Replica] = set()
         last_error = UpstreamError(grpc.StatusCode.UNAVAILABLE, "no verifier replica could take the request")
@@ -138,18 +141,18 @@ class Router:
             if replica is None:
                 raise last_error
             tried.add(replica)
-            produced = False
             try:
                 async for chunk in self._call(replica, message, deadline):
-                    produced = True
-                    yield chunk
+                    yield progress.record(chunk)
                 return
             except UpstreamError as error:
-                if produced or error.code not in RETRYABLE_CODES:
+                resumed = progress.resume() if error.code in RETRYABLE_CODES else None
+                if resumed is None:
                     raise
                 last_error = error
-                logger.warning("verifier %s failed before the first token (%s); trying another replica",
-                               replica.address, error.code.name)
+                message = convert.verifier_request(request_id, resumed)
+                logger.warning("verifier %s failed (%s) after %d tokens; resuming on another replica",
+                               replica.address, error.code.name, len(progress.emitted))
 
     async def _call(self, replica: Replica, message, deadline: float | None) -> AsyncIterator[VerifierChunk]:
         timeout = None if deadline is None else deadline - asyncio.get_running_loop().time()

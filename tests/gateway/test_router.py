@@ -88,8 +88,24 @@ async def test_a_stopped_replica_is_skipped(router, replicas):
     assert [r.healthy for r in router.replicas] == [False, True]
 
 
-async def test_a_failure_after_the_first_token_is_not_retried(router, replicas):
+async def test_a_failure_after_the_first_token_resumes_on_another_replica(router, replicas):
     replicas[1].reported_running = 3
+    await router.poll()
+    replicas[0].hold_after_steps = 1
+    async with aclosing(router.generate("req", REQUEST)) as chunks:
+        first = await anext(chunks)
+        await replicas[0].stop()
+        rest = [chunk async for chunk in chunks]
+    resumed = replicas[1].requests[0]
+    assert list(resumed.prompt_token_ids) == [*REQUEST.prompt_token_ids, *first.token_ids]
+    assert resumed.sampling.max_tokens == REQUEST.max_tokens - len(first.token_ids)
+    usage = rest[-1].usage  # one request's counts across both replicas
+    assert usage.prompt_tokens == len(REQUEST.prompt_token_ids)
+    assert usage.completion_tokens == len(first.token_ids) + len(TOKENS)
+
+
+async def test_a_failure_after_the_first_token_with_no_replica_left_is_unavailable(router, replicas):
+    await replicas[1].stop()
     await router.poll()
     replicas[0].hold_after_steps = 1
     async with aclosing(router.generate("req", REQUEST)) as chunks:
@@ -98,7 +114,6 @@ async def test_a_failure_after_the_first_token_is_not_retried(router, replicas):
         with pytest.raises(UpstreamError) as error:
             await anext(chunks)
     assert error.value.code == grpc.StatusCode.UNAVAILABLE
-    assert replicas[1].requests == []
 
 
 async def test_bad_input_errors_are_not_retried(router, replicas):

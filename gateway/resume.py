@@ -1,0 +1,57 @@
+"""Carrying a stream over to another verifier replica when its own fails mid-way.
+
+The gateway remembers the tokens a stream has emitted. If its verifier fails (UNAVAILABLE, e.g. the
+process died), the request is sent to another replica with the prompt plus those tokens as its
+prompt and the remaining max_tokens, and the stream goes on from there. For greedy decoding the
+output is identical to an uninterrupted run; for sampling every token is still drawn from the
+target distribution given the ones before it, though a seeded request's later tokens differ from
+what the same seed gives uninterrupted. Usage is merged so the client sees one request's counts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from gateway.request import GenerationRequest, Usage, VerifierChunk
+
+
+@dataclass
+class StreamProgress:
+    """What one request has emitted so far, across the replicas that served it."""
+
+    request: GenerationRequest
+    emitted: list[int] = field(default_factory=list)
+    steps: int = 0
+    accepted_tokens: int = 0
+    carried: Usage = field(default_factory=Usage)  # counts of earlier attempts (all zero before a resume)
+
+    def record(self, chunk: VerifierChunk) -> VerifierChunk:
+        """Notes the chunk's tokens; returns it with usage merged over every attempt."""
+        if chunk.token_ids:
+            self.emitted += chunk.token_ids
+            self.steps += 1
+            self.accepted_tokens += len(chunk.token_ids) - 1  # each step emits one token of its own
+        if chunk.usage is None or not self.emitted_before_resume:
+            return chunk
+        usage, carried = chunk.usage, self.carried
+        merged = Usage(prompt_tokens=len(self.request.prompt_token_ids),
+                       completion_tokens=usage.completion_tokens + carried.completion_tokens,
+                       draft_tokens=usage.draft_tokens + carried.draft_tokens,
+                       accepted_tokens=usage.accepted_tokens + carried.accepted_tokens,
+                       steps=usage.steps + carried.steps)
+        return dataclasses.replace(chunk, usage=merged)
+
+    @property
+    def emitted_before_resume(self) -> int:
+        return self.carried.completion_tokens
+
+    def resume(self) -> GenerationRequest | None:
+        """The request that continues this stream elsewhere; None when nothing is left to generate."""
+        remaining = self.request.max_tokens - len(self.emitted)
+        if remaining < 1:
+            return None
+        # Drafts scored by the failed attempt are not visible here: accepted ones are their lower bound.
+        self.carried = Usage(completion_tokens=len(self.emitted), draft_tokens=self.accepted_tokens,
+                             accepted_tokens=self.accepted_tokens, steps=self.steps)
+        return dataclasses.replace(self.request, max_tokens=remaining,
+                                   prompt_token_ids=self.request.prompt_token_ids + tuple(self.emitted))
