@@ -1,0 +1,90 @@
+"""Faults behind the gateway: a verifier replica killed mid-run, and the gateway itself restarted.
+
+A replica's death costs no request while another replica serves: requests without a token move to
+it, and streams already producing tokens resume there (prompt + emitted tokens), so greedy output is
+identical to an uninterrupted run (gateway/resume.py).
+"""
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from specd.v1 import gateway_pb2, gateway_pb2_grpc
+from support.e2e_clients import generate, load_report
+from support.stack import Stack
+
+PROMPTS = [f"Count from {n} to 100: {n}, {n + 1}," for n in range(1, 7)]
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def stack():
+    stack = Stack(num_verifiers=2, with_drafter=False).start()
+    yield stack
+    exit_codes = stack.stop()
+    assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{stack.logs()}"
+
+
+@pytest.fixture(scope="module")
+def expected(stack) -> dict[str, list[int]]:
+    return {p: generate(stack.gateway_address, p, MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS}
+
+
+def stream(address: str, prompt: str, first_token: threading.Event) -> list[int]:
+    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    token_ids = []
+    with grpc.insecure_channel(address) as channel:
+        for response in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120):
+            token_ids += response.token_ids
+            first_token.set()
+    return token_ids
+
+
+def wait_until_idle(address: str, timeout: float = 30.0) -> None:
+    """The verifier's load report shows no live request (aborts are applied between engine steps)."""
+    deadline = time.monotonic() + timeout
+    while (report := load_report(address)).num_running + report.num_waiting > 0:
+        assert time.monotonic() < deadline, f"{address} still busy: {report}"
+        time.sleep(0.1)
+
+
+def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stack, expected):
+    started = [threading.Event() for _ in PROMPTS]
+    try:
+        with ThreadPoolExecutor(len(PROMPTS) + 2) as pool:
+            streams = [pool.submit(stream, stack.gateway_address, p, e) for p, e in zip(PROMPTS, started)]
+            for event in started:
+                assert event.wait(60), "a stream produced no token"
+            stack.kill("verifier-0")
+            # Requests that arrive after the death, before the router has noticed it, move over too.
+            late = [pool.submit(generate, stack.gateway_address, p, MAX_TOKENS, ignore_eos=True)
+                    for p in PROMPTS[:2]]
+            results = [f.result() for f in streams]
+            late_results = [f.result().token_ids for f in late]
+        assert results == [expected[p] for p in PROMPTS]
+        assert late_results == [expected[p] for p in PROMPTS[:2]]
+        resumed_after = [int(n) for n in re.findall(r"after (\d+) tokens; resuming",
+                                                    stack.services["gateway"].log_path.read_text())]
+        assert any(n > 0 for n in resumed_after), "no stream was resumed mid-way"
+    finally:
+        stack.restart("verifier-0")
+
+
+def test_restarting_the_gateway_leaves_verifiers_serving_and_frees_orphaned_requests(stack, expected):
+    verifier_pids = [s.process.pid for n, s in stack.services.items() if n.startswith("verifier")]
+    first_token = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        orphan = pool.submit(stream, stack.gateway_address, PROMPTS[0], first_token)
+        assert first_token.wait(60)
+        stack.kill("gateway")
+        with pytest.raises(grpc.RpcError) as caught:
+            orphan.result()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    for address in stack.verifier_addresses:  # the gateway's connections died, so the verifiers abort
+        wait_until_idle(address)
+    stack.restart("gateway")
+    assert generate(stack.gateway_address, PROMPTS[1], MAX_TOKENS, ignore_eos=True).token_ids == expected[PROMPTS[1]]
+    assert [s.process.pid for n, s in stack.services.items() if n.startswith("verifier")] == verifier_pids
