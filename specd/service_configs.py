@@ -27,6 +27,7 @@ def gateway_config_from_options(options: ServiceOptions):
         api_key=options.api_key,
         tls=_tls(options),
         max_model_len=options.max_model_len or None,
+        log_requests=options.log_requests,
     )
 
 
