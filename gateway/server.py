@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,9 @@ def _http_server(config: GatewayConfig, pipeline: Pipeline) -> uvicorn.Server:
     uvicorn_config = uvicorn.Config(
         app, host=config.host, port=config.http_port, log_level="warning", lifespan="off",
         ssl_certfile=tls.cert_path if tls else None, ssl_keyfile=tls.key_path if tls else None,
+        # With a CA, HTTPS clients must present a certificate it signed, as gRPC clients must (mTLS).
+        ssl_ca_certs=tls.ca_path if tls else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if tls and tls.ca_path else ssl.CERT_NONE,
         timeout_graceful_shutdown=max(1, round(config.grace_seconds)))  # 0 would log an error
     return _EmbeddedUvicorn(uvicorn_config)
 
