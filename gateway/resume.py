@@ -24,6 +24,7 @@ class StreamProgress:
     steps: int = 0
     accepted_tokens: int = 0
     carried: Usage = field(default_factory=Usage)  # counts of earlier attempts (all zero before a resume)
+    last_usage: Usage | None = None  # the latest counts sent (merged), exact where verifiers send them
 
     def record(self, chunk: VerifierChunk) -> VerifierChunk:
         """Notes the chunk's tokens; returns it with usage merged over every attempt."""
@@ -32,6 +33,7 @@ class StreamProgress:
             self.steps += 1
             self.accepted_tokens += len(chunk.token_ids) - 1  # each step emits one token of its own
         if chunk.usage is None or not self.emitted_before_resume:
+            self.last_usage = chunk.usage or self.last_usage
             return chunk
         usage, carried = chunk.usage, self.carried
         merged = Usage(prompt_tokens=len(self.request.prompt_token_ids),
@@ -39,6 +41,7 @@ class StreamProgress:
                        draft_tokens=usage.draft_tokens + carried.draft_tokens,
                        accepted_tokens=usage.accepted_tokens + carried.accepted_tokens,
                        steps=usage.steps + carried.steps)
+        self.last_usage = merged
         return dataclasses.replace(chunk, usage=merged)
 
     @property
@@ -50,8 +53,12 @@ class StreamProgress:
         remaining = self.request.max_tokens - len(self.emitted)
         if remaining < 1:
             return None
-        # Drafts scored by the failed attempt are not visible here: accepted ones are their lower bound.
-        self.carried = Usage(completion_tokens=len(self.emitted), draft_tokens=self.accepted_tokens,
-                             accepted_tokens=self.accepted_tokens, steps=self.steps)
+        if self.last_usage is not None and self.last_usage.completion_tokens == len(self.emitted):
+            last = self.last_usage
+            self.carried = Usage(completion_tokens=len(self.emitted), draft_tokens=last.draft_tokens,
+                                 accepted_tokens=last.accepted_tokens, steps=last.steps)
+        else:  # counts not sent with the last tokens: accepted ones bound the drafts scored from below
+            self.carried = Usage(completion_tokens=len(self.emitted), draft_tokens=self.accepted_tokens,
+                                 accepted_tokens=self.accepted_tokens, steps=self.steps)
         return dataclasses.replace(self.request, max_tokens=remaining,
                                    prompt_token_ids=self.request.prompt_token_ids + tuple(self.emitted))
