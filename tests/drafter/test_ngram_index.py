@@ -44,6 +44,19 @@ def test_every_prefix_proposes_what_the_brute_force_rule_does(tokens, k, bounds)
 
 
 @settings(max_examples=200, deadline=None)
+@given(tokens=st.one_of(small_alphabet, wide_ids), chunks=st.lists(st.integers(1, 9)), bounds=bounds)
+def test_extending_in_chunks_indexes_like_appending_one_by_one(tokens, chunks, bounds):
+    chunked, single = NgramIndex(*bounds), NgramIndex(*bounds)
+    position = 0
+    for size in chunks + [len(tokens)]:
+        chunked.extend(tokens[position:position + size])
+        position += size
+        for token in tokens[len(single):position]:
+            single.append(token)
+        assert chunked.tokens == single.tokens and chunked._latest == single._latest
+
+
+@settings(max_examples=200, deadline=None)
 @given(tokens=small_alphabet, k=st.integers(1, 8), ask=bounds)
 def test_per_request_bounds_inside_the_indexed_range(tokens, k, ask):
     index = NgramIndex(1, 6, tokens)

@@ -1,0 +1,158 @@
+"""Drafter latency: server-side propose time per batch, and the verifier client's round trip.
+
+    .venv/bin/python bench/drafter.py [--steps 200] [--batches 1,64,256] [--contexts 4096,32768]
+
+Every sequence holds a context of the given length (random ids over the default model's vocabulary
+with a repeated span at the end, so the longest n-gram matches and drafts are real); each step
+appends 1 to 4 accepted tokens per sequence and asks for 4 drafts, as a verifier step does.
+
+- server: DrafterSession.step on a decoded batch (the domain work), and the whole handler body
+  (protobuf -> domain -> step -> protobuf), in this process, per batch.
+- round trip: DrafterClient.propose() against a drafter in its own process over loopback gRPC,
+  per batch, as the engine thread sees it.
+The first step, which carries whole contexts, is reported separately (sync) and not in the percentiles.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+
+from drafter_service import convert  # noqa: E402
+from drafter_service.config import DrafterConfig  # noqa: E402
+from drafter_service.drafter import Drafter, ProposeBatch, SequenceDelta  # noqa: E402
+from support.drafter_servers import free_port, wait_until_serving  # noqa: E402
+from verifier_service.drafter_client import DrafterClient  # noqa: E402
+from verifier_service.engine.proposer import DraftRequest  # noqa: E402
+from verifier_service.drafter_client import _Delta, _Step, _step_to_pb  # noqa: E402
+
+VOCAB = 49152
+NUM_DRAFT_TOKENS = 4
+
+
+def make_contexts(num_sequences: int, length: int, rng: random.Random) -> list[list[int]]:
+    contexts = []
+    for _ in range(num_sequences):
+        tokens = [rng.randrange(VOCAB) for _ in range(length - 16)]
+        start = rng.randrange(len(tokens) - 16)
+        contexts.append(tokens + tokens[start:start + 16])  # the tail repeats an earlier span
+    return contexts
+
+
+def grow(contexts: list[list[int]], rng: random.Random) -> None:
+    for tokens in contexts:
+        tokens.extend(rng.randrange(VOCAB) for _ in range(rng.randint(1, 4)))
+
+
+def percentiles(samples: list[float]) -> tuple[float, float, float]:
+    """(p50, p90, p99) in milliseconds."""
+    quantiles = statistics.quantiles(samples, n=100, method="inclusive")
+    return quantiles[49] * 1e3, quantiles[89] * 1e3, quantiles[98] * 1e3
+
+
+def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random) -> dict:
+    session = Drafter(DrafterConfig(max_tokens_held=10**9)).open_session()
+    contexts = make_contexts(num_sequences, length, rng)
+    sent = [0] * num_sequences
+    domain, handler, proposed = [], [], 0
+    for step in range(steps + 1):
+        requests = [DraftRequest(str(i), t, NUM_DRAFT_TOKENS) for i, t in enumerate(contexts)]
+        deltas = [_Delta(r, sent[i], len(r.token_ids)) for i, r in enumerate(requests)]
+        sent = [len(t) for t in contexts]
+        message = _step_to_pb(_Step(step + 1, deltas, ()))  # exactly what the client sends
+        started = time.perf_counter()
+        batch = convert.batch_from_pb(message)
+        decoded = time.perf_counter()
+        drafts = session.step(batch)
+        stepped = time.perf_counter()
+        convert.drafts_to_pb(drafts).SerializeToString()
+        finished = time.perf_counter()
+        if step == 0:
+            sync = finished - started
+        else:
+            domain.append(stepped - decoded)
+            handler.append(finished - started)
+            proposed += drafts.num_draft_tokens
+        grow(contexts, rng)
+    session.close()
+    return {"sync": sync, "domain": percentiles(domain), "handler": percentiles(handler),
+            "hit": proposed / (steps * num_sequences * NUM_DRAFT_TOKENS)}
+
+
+def start_drafter(port: int) -> subprocess.Popen:
+    code = ("from drafter_service.server import run; from drafter_service.config import DrafterConfig; "
+            f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9))")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                               stderr=subprocess.DEVNULL)
+    wait_until_serving(f"127.0.0.1:{port}")
+    return process
+
+
+def bench_round_trip(address: str, num_sequences: int, length: int, steps: int,
+                     rng: random.Random) -> dict:
+    client = DrafterClient(address, timeout_s=30.0)  # measure the real latency, not the deadline
+    contexts = make_contexts(num_sequences, length, rng)
+    prefix = f"{num_sequences}x{length}-"
+    try:
+        while client._stream is None:  # wait for the background connection
+            time.sleep(0.01)
+        samples = []
+        for step in range(steps + 1):
+            requests = [DraftRequest(prefix + str(i), t, NUM_DRAFT_TOKENS) for i, t in enumerate(contexts)]
+            started = time.perf_counter()
+            client.propose(requests)
+            elapsed = time.perf_counter() - started
+            if step == 0:
+                sync = elapsed
+            else:
+                samples.append(elapsed)
+            grow(contexts, rng)
+        client.release([r.request_id for r in requests])
+        return {"sync": sync, "rtt": percentiles(samples), "fallbacks": client.num_fallbacks}
+    finally:
+        client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--contexts", default="4096,32768")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    rng = random.Random(0)
+
+    print("server side, per batch (ms; p50 / p90 / p99)")
+    print(f"{'seqs':>5} {'context':>8} {'first sync':>11} {'propose (domain)':>24} "
+          f"{'handler (with protobuf)':>24} {'draft hit':>9}")
+    for length in contexts:
+        for num_sequences in batches:
+            r = bench_server(num_sequences, length, args.steps, rng)
+            print(f"{num_sequences:>5} {length:>8} {r['sync'] * 1e3:>9.1f}ms "
+                  f"{'%.3f / %.3f / %.3f' % r['domain']:>24} {'%.3f / %.3f / %.3f' % r['handler']:>24} "
+                  f"{r['hit']:>9.2f}")
+
+    port = free_port()
+    process = start_drafter(port)
+    try:
+        print("\nclient round trip (DrafterClient.propose over loopback, drafter in its own process; ms)")
+        print(f"{'seqs':>5} {'context':>8} {'first sync':>11} {'p50 / p90 / p99':>24} {'fallbacks':>9}")
+        for length in contexts:
+            for num_sequences in batches:
+                r = bench_round_trip(f"127.0.0.1:{port}", num_sequences, length, args.steps, rng)
+                print(f"{num_sequences:>5} {length:>8} {r['sync'] * 1e3:>9.1f}ms "
+                      f"{'%.3f / %.3f / %.3f' % r['rtt']:>24} {r['fallbacks']:>9}")
+    finally:
+        process.terminate()
+        process.wait()
+
+
+if __name__ == "__main__":
+    main()
