@@ -35,10 +35,10 @@ def drafter_config_from_options(options: ServiceOptions):
     """The drafter holds no model: only where it listens."""
     from drafter_service.config import DrafterConfig
 
-    server = ServerConfig(
+    return DrafterConfig(
         host=options.host,
         port=DRAFTER_PORTS[0] if options.port is None else options.port,
         metrics_port=DRAFTER_PORTS[1] if options.metrics_port is None else options.metrics_port,
         tls=_tls(options),
+        inject_delay_ms=options.inject_delay_ms,
     )
-    return DrafterConfig(server=server)
