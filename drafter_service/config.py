@@ -25,6 +25,7 @@ class DrafterConfig:
     max_draft_tokens: int = 32  # cap on a request's num_draft_tokens (a bigger ask gets this many)
     max_tokens_held: int = 4_000_000  # all sequences together; least recently used ones are evicted
     grace_seconds: float = 5.0  # drain time on SIGTERM
+    inject_delay_ms: int = 0  # testing aid (--inject-delay-ms): hold every reply this long, as a slow drafter
 
     def __post_init__(self) -> None:
         checks = [
@@ -36,6 +37,7 @@ class DrafterConfig:
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "metrics_port",
              "must be a TCP port"),
             (self.grace_seconds >= 0, "grace_seconds", "must be >= 0"),
+            (self.inject_delay_ms >= 0, "inject_delay_ms", "must be >= 0"),
         ]
         for ok, name, message in checks:
             if not ok:

@@ -21,7 +21,8 @@ SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name  # "
 def build_server(config: DrafterConfig, drafter: Drafter | None = None) -> GrpcServer:
     """A GrpcServer with the Drafter servicer registered (not started); `drafter` lets tests look in."""
     metrics = DrafterMetrics()
-    servicer = DrafterServicer(drafter or Drafter(config), on_step=metrics.record)
+    servicer = DrafterServicer(drafter or Drafter(config), on_step=metrics.record,
+                               inject_delay_seconds=config.inject_delay_ms / 1000)
     server_config = ServerConfig(host=config.host, port=config.port, metrics_port=config.metrics_port,
                                  tls=config.tls, grace_seconds=config.grace_seconds)
     return GrpcServer(server_config, service_names=[SERVICE_NAME], registry=metrics.registry,

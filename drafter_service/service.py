@@ -1,6 +1,7 @@
 """specd.v1.Drafter: a thin servicer over DrafterSession (one session per stream)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -15,9 +16,12 @@ from specd.v1 import drafter_pb2, drafter_pb2_grpc
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     """Answers every ProposeRequest of a stream with one ProposeResponse, in order."""
 
-    def __init__(self, drafter: Drafter, on_step: Callable[[StepStats], None]) -> None:
+    def __init__(self, drafter: Drafter, on_step: Callable[[StepStats], None],
+                 inject_delay_seconds: float = 0.0) -> None:
+        """`inject_delay_seconds` is a testing aid: every reply waits this long (a slow drafter)."""
         self._drafter = drafter
         self._on_step = on_step
+        self._inject_delay_seconds = inject_delay_seconds
 
     async def Propose(self, request_iterator: AsyncIterator[drafter_pb2.ProposeRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[drafter_pb2.ProposeResponse]:
@@ -31,6 +35,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                                         num_sequences=len(drafts.drafts),
                                         proposed_tokens=drafts.num_draft_tokens,
                                         sequences_held=len(self._drafter.store)))
+                if self._inject_delay_seconds:
+                    await asyncio.sleep(self._inject_delay_seconds)
                 yield response
         finally:
             session.close()  # the verifier re-syncs every sequence on its next stream
