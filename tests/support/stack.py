@@ -20,6 +20,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specd.serving import TlsConfig, open_channel
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_SECONDS = 240.0
 
@@ -32,10 +34,12 @@ def free_port() -> int:
 
 
 def wait_serving(address: str, process: subprocess.Popen, log_path: Path,
-                 timeout: float = START_TIMEOUT_SECONDS) -> None:
-    """Blocks until `address` reports SERVING; raises with the log's tail if the process dies first."""
+                 timeout: float = START_TIMEOUT_SECONDS, tls: TlsConfig | None = None) -> None:
+    """Blocks until `address` reports SERVING; raises with the log's tail if the process dies first.
+
+    `tls`: how to reach a service started with TLS (the CA, and a client certificate for mTLS)."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls, asynchronous=False) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -91,6 +95,7 @@ class Stack:
     num_verifiers: int = 1
     with_drafter: bool = True  # False: verifiers run with --drafter-addr none
     extra_args: tuple[str, ...] = ("--device", "cpu", "--dtype", "float32")
+    client_tls: TlsConfig | None = None  # for health checks when extra_args turn TLS on
     services: dict[str, Service] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specd-stack-")))
 
@@ -143,7 +148,7 @@ class Stack:
             service.launch(self.env)
         try:
             for service in self.services.values():
-                wait_serving(service.address, service.process, service.log_path)
+                wait_serving(service.address, service.process, service.log_path, tls=self.client_tls)
         except Exception:
             self.stop()
             raise
@@ -157,7 +162,7 @@ class Stack:
         """Starts a stopped service again on its old ports and waits for SERVING."""
         service = self.services[name]
         service.launch(self.env)
-        wait_serving(service.address, service.process, service.log_path)
+        wait_serving(service.address, service.process, service.log_path, tls=self.client_tls)
 
     def stop(self) -> dict[str, int]:
         """SIGTERM to gateway, verifiers, drafter in that order; returns each exit code."""

@@ -50,11 +50,13 @@ class TestCertificateAuthority:
         self.ca_path = str(directory / f"{name.replace(' ', '_')}.crt")
         Path(self.ca_path).write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, stem: str, *, server: bool) -> CertFiles:
-        """A leaf certificate for localhost and 127.0.0.1 (server or client usage)."""
+    def issue(self, stem: str, *, server: bool, client: bool = False) -> CertFiles:
+        """A leaf certificate for localhost and 127.0.0.1: server usage, client usage, or both
+        (a service that also dials others, e.g. a verifier, presents one certificate both ways)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + \
+            ([ExtendedKeyUsageOID.CLIENT_AUTH] if client or not server else [])
         names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
         cert = (
             x509.CertificateBuilder().subject_name(_name(stem)).issuer_name(self._cert.subject)
@@ -62,6 +64,6 @@ class TestCertificateAuthority:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .sign(self._key, hashes.SHA256()))
         return _write(self.directory, stem, cert, key)
