@@ -14,7 +14,7 @@ from drafter_service.config import DrafterConfig
 from drafter_service.state import SequenceStore
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built per sequence per step: slots, not frozen, for speed
 class SequenceDelta:
     """What a verifier step tells the drafter about one sequence (see protos/specd/v1/drafter.proto)."""
 
@@ -26,21 +26,21 @@ class SequenceDelta:
     max_ngram: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ProposeBatch:
     step_id: int
     sequences: Sequence[SequenceDelta]
     released_sequence_ids: Sequence[str] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built per sequence per step: slots, not frozen, for speed
 class SequenceDraft:
     sequence_id: str
     draft_token_ids: list[int]
     resync: bool = False  # the drafter does not hold this context: send it whole (start = 0) next time
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DraftBatch:
     step_id: int
     drafts: list[SequenceDraft] = field(default_factory=list)  # one per request sequence, in order

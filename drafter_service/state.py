@@ -43,14 +43,16 @@ class SequenceStore:
             index = self._indexes.get(key)
             if index is None:
                 return None
-            if len(index) != start:
+            if len(index.tokens) != start:
                 self.release(key)  # out of step: what we hold is of no use until the resend
                 return None
             self._indexes.move_to_end(key)
         index.extend(new_token_ids)
         self.total_tokens += len(new_token_ids)
-        self._evict_beyond_budget()
-        return self._indexes.get(key)  # None if it alone outgrew the budget
+        if self.total_tokens > self.max_tokens_held:
+            self._evict_beyond_budget()
+            return self._indexes.get(key)  # None if it alone outgrew the budget
+        return index
 
     def release(self, key: Hashable) -> None:
         """Forget a sequence (finished, aborted, or its stream closed); unknown keys are ignored."""

@@ -119,12 +119,14 @@ class DrafterClient:
             return {}
 
     def _propose(self, requests: Sequence[DraftRequest], deadline: float) -> dict[str, list[int]]:
+        if not requests:
+            return {}
         wanted = any(r.num_draft_tokens > 0 for r in requests)
         stream = self._current_stream()
-        if stream is None:
+        # Late replies first: their resync answers change this step's deltas.
+        if stream is None or not self._drain_replies(stream.generation):
             self.num_fallbacks += wanted
             return {}
-        self._drain_replies(stream.generation)  # honour late resync answers before computing deltas
         self._step_id += 1
         step = _Step(self._step_id, [self._delta(r) for r in requests], ())
         stream.outbox.put(step)
@@ -158,12 +160,15 @@ class DrafterClient:
         self._sent_lengths[request.request_id] = end
         return _Delta(request, start, end)
 
-    def _drain_replies(self, generation: int) -> None:
+    def _drain_replies(self, generation: int) -> bool:
+        """Handle replies that came after their deadline; False if the stream has ended meanwhile."""
         while True:
             try:
                 reply = self._accept(generation, *self._replies.get_nowait())
             except queue.Empty:
-                return
+                return True
+            if reply is _STREAM_ENDED:
+                return False
             self._count_if_stale(reply, awaited=None)
 
     def _await_reply(self, generation: int, step_id: int, deadline: float):
