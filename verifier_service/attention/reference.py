@@ -19,7 +19,8 @@ from verifier_service.attention.metadata import AttentionMetadata
 @dataclass
 class _StepLayout:
     key_slots: torch.Tensor  # [batch, max_seqlen_k] int64: cache slot of each sequence's j-th key
-    mask: torch.Tensor  # [batch, 1, max_seqlen_q, max_seqlen_k] bool: True where the query may attend
+    mask: torch.Tensor | None  # [batch, 1, max_seqlen_q, max_seqlen_k] bool: True where the query may attend
+    is_causal: bool  # the mask is plain top-left causal (one fresh prompt), so SDPA needs no mask tensor
     token_batch: torch.Tensor  # [num_tokens]: sequence index of each query token
     token_row: torch.Tensor  # [num_tokens]: index of each query token within its sequence's run
 
@@ -39,7 +40,10 @@ def step_layout(metadata: AttentionMetadata) -> _StepLayout:
     token_batch = torch.repeat_interleave(
         torch.arange(metadata.batch_size, device=device), query_lens, output_size=metadata.num_tokens)
     token_row = torch.arange(metadata.num_tokens, device=device) - metadata.cu_seqlens_q.long()[token_batch]
-    return _StepLayout(key_slots, mask.unsqueeze(1), token_batch, token_row)
+    if metadata.batch_size == 1 and metadata.max_seqlen_q in (1, metadata.max_seqlen_k):
+        # Batch-1 decode sees every key; a batch-1 fresh prompt is SDPA's own causal case.
+        return _StepLayout(key_slots, None, metadata.max_seqlen_q > 1, token_batch, token_row)
+    return _StepLayout(key_slots, mask.unsqueeze(1), False, token_batch, token_row)
 
 
 def _gather(cache: torch.Tensor, key_slots: torch.Tensor) -> torch.Tensor:
@@ -76,7 +80,7 @@ class ReferenceAttentionBackend:
             padded[layout.token_batch, layout.token_row] = query
         out = F.scaled_dot_product_attention(
             padded.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=layout.mask, scale=scale, enable_gqa=True,
+            attn_mask=layout.mask, is_causal=layout.is_causal, scale=scale, enable_gqa=True,
         ).transpose(1, 2)  # [batch, max_q, num_heads, head_dim]
         if metadata.batch_size == 1:
             return out[0]

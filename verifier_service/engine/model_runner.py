@@ -96,15 +96,19 @@ class ModelRunner:
         return self.model.compute_logits(hidden[self._tensor(logit_rows)]).float()
 
     def warm_up(self) -> None:
-        """Runs a prefill chunk and a decode step with drafts so first requests meet no one-time costs."""
-        tokens = min(self.block_size * 2, self.max_model_len - 4, self.num_blocks * self.block_size - 4)
-        tokens = max(tokens, 1)
-        needed = -(-(tokens + 4) // self.block_size)
-        table = list(range(min(needed, self.num_blocks)))
-        prefill = ScheduledRequest("warm-up", [0] * tokens, 0, table, 0, 1)
-        self.execute(ScheduledBatch([prefill]))
-        if tokens + 4 <= min(self.max_model_len, len(table) * self.block_size):
-            self.execute(ScheduledBatch([ScheduledRequest("warm-up", [0] * 4, tokens, table, 3, 4)]))
+        """Runs a prefill chunk, then a verify step with drafts, so first requests meet no one-time costs.
+
+        It writes only into blocks no request owns yet (the scheduler has admitted none at start-up).
+        """
+        prefill_len = max(1, min(2 * self.block_size, self.max_model_len - 4))
+        verify_len = min(4, self.max_model_len - prefill_len)
+        table = list(range(min(self.num_blocks, -(-(prefill_len + verify_len) // self.block_size))))
+        if len(table) * self.block_size < prefill_len + verify_len:
+            return  # a cache this small is a test set-up, not worth warming
+        self.execute(ScheduledBatch([ScheduledRequest("warm-up", [0] * prefill_len, 0, table, 0, 1)]))
+        if verify_len:
+            drafts = ScheduledRequest("warm-up", [0] * verify_len, prefill_len, table, verify_len - 1, verify_len)
+            self.execute(ScheduledBatch([drafts]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
