@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from engine_model.checkpoints import prefill_request, random_block_tables
 from specd.default_model import resolve_model_path
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
+from verifier_service.model.config import rope_parameters
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 
@@ -62,3 +64,33 @@ def test_default_model_logits_match_transformers(default_model_dir):
     [table] = random_block_tables(runner.num_blocks, [len(prompt)], 16, seed=3)
     logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, table)]))
     torch.testing.assert_close(logits, hf_logits(hf_model(default_model_dir), prompt), **TOLERANCE)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_runs_close_to_float32(tiny_llama, dtype):
+    prompt = list(range(3, 40))
+    logits = {}
+    for name in ("float32", dtype):
+        runner = ModelRunner(tiny_llama, dtype=name, block_size=4, kv_cache_bytes=1 << 20)
+        assert runner.model.lm_head.weight.dtype == getattr(torch, name)
+        logits[name] = runner.execute(ScheduledBatch([prefill_request("r", prompt, list(range(10)))]))
+    assert logits[dtype].dtype == torch.float32  # the runner hands out float32 whatever the model dtype
+    torch.testing.assert_close(logits[dtype], logits["float32"], atol=0.1, rtol=0.05)
+
+
+def test_rope_settings_read_from_transformers_4_and_5_configs():
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    v4 = SimpleNamespace(rope_scaling={"rope_type": "llama3", **scaling}, rope_theta=500000.0)
+    v4_old_key = SimpleNamespace(rope_scaling={"type": "llama3", **scaling}, rope_theta=500000.0)
+    v5 = SimpleNamespace(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, **scaling})
+    expected = {"rope_type": "llama3", "rope_theta": 500000.0, **scaling}
+    assert rope_parameters(v4) == rope_parameters(v4_old_key) == rope_parameters(v5) == expected
+    assert rope_parameters(SimpleNamespace(rope_theta=1e4)) == {"rope_type": "default", "rope_theta": 1e4}
+
+
+def test_unsupported_architecture_is_rejected_by_name(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type"):
+        ModelRunner(tmp_path, kv_cache_bytes=1 << 20)

@@ -54,6 +54,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     """Reads config.json of a Hugging Face checkpoint folder into a ModelConfig."""
     hf = AutoConfig.from_pretrained(str(model_dir))
     model_type = hf.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type: {model_type!r} is not supported (one of {SUPPORTED_MODEL_TYPES})")
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     attention_bias = bool(getattr(hf, "attention_bias", False))
     max_positions = hf.max_position_embeddings
@@ -63,7 +65,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         max_positions = min(max_positions, sliding_window)
     if getattr(hf, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act: {hf.hidden_act!r} is not supported (only silu)")
-    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    dtype = getattr(hf, "dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     return ModelConfig(
