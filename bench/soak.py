@@ -1,0 +1,185 @@
+"""Soak: a bounded load run against a whole stack, with the drafter killed in the middle.
+
+    python bench/soak.py                          # 64 streaming clients for 5 minutes, default model
+    python bench/soak.py --clients 16 --duration 45 --json out.json
+
+The stack runs as real processes on free loopback ports (tests/support/stack.py). First the greedy
+reference of every prompt is taken with speculation off; then `--clients` concurrent streaming gRPC
+clients send greedy requests back to back for `--duration` seconds. At `--kill-at` of the run the
+drafter is SIGKILLed and restarted `--down-for` seconds later. The report: requests sent, completed,
+errored (by status code), outputs that differ from the reference, latency percentiles, drafter
+fallbacks, and the verifier's and gateway's resident memory at start and end. Target: nothing lost
+or wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.e2e_clients import generate, metric_value  # noqa: E402
+from support.stack import Stack  # noqa: E402
+
+from specd.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "The three primary colors are",
+    "Count from 1 to 20: 1, 2, 3, 4,",
+    "Q: What is the capital of Italy?\nA:",
+    "import numpy as np\n\ndef mean(values):\n",
+    "Once upon a time, in a small village,",
+    "a b c d a b c d a b c d a b c",
+    "List three fruits:\n1.",
+]
+
+
+@dataclass
+class SoakReport:
+    clients: int
+    duration_seconds: float
+    sent: int = 0
+    completed: int = 0
+    errored: dict[str, int] = field(default_factory=dict)
+    wrong: int = 0
+    latency_p50_seconds: float = float("nan")
+    latency_p99_seconds: float = float("nan")
+    ttft_p50_seconds: float = float("nan")
+    ttft_p99_seconds: float = float("nan")
+    drafter_fallbacks: float = 0.0
+    rss_mib: dict[str, tuple[float, float]] = field(default_factory=dict)  # service -> (start, end)
+
+    @property
+    def lost(self) -> int:
+        return self.sent - self.completed
+
+
+class _Load:
+    """What the clients record while the run goes on."""
+
+    def __init__(self, reference: dict[str, list[int]]) -> None:
+        self.reference = reference
+        self.sent = 0
+        self.completed = 0
+        self.wrong = 0
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.latencies: list[float] = []
+        self.ttfts: list[float] = []
+
+    async def one(self, stub, prompt: str, max_tokens: int) -> None:
+        request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0)
+        self.sent += 1
+        started, first, token_ids = time.monotonic(), None, []
+        try:
+            async for response in stub.Generate(request, timeout=120):
+                first = first or time.monotonic()
+                token_ids += response.token_ids
+        except grpc.aio.AioRpcError as error:
+            self.errors[error.code().name] += 1
+            return
+        self.completed += 1
+        self.latencies.append(time.monotonic() - started)
+        self.ttfts.append((first or time.monotonic()) - started)
+        self.wrong += token_ids != self.reference[prompt]
+
+
+async def _clients(address: str, load: _Load, clients: int, deadline: float, max_tokens: int) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+
+        async def client(index: int) -> None:
+            turn = index
+            while time.monotonic() < deadline:
+                await load.one(stub, PROMPTS[turn % len(PROMPTS)], max_tokens)
+                turn += 1
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+
+
+async def _kill_drafter(stack: Stack, at: float, down_for: float) -> None:
+    await asyncio.sleep(at)
+    stack.kill("drafter")
+    await asyncio.sleep(down_for)
+    await asyncio.to_thread(stack.restart, "drafter")
+
+
+def _rss_mib(stack: Stack) -> dict[str, float]:
+    return {name: psutil.Process(s.process.pid).memory_info().rss / 2**20
+            for name, s in stack.services.items() if name != "drafter"}
+
+
+def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24,
+             kill_at: float = 0.5, down_for: float = 5.0) -> SoakReport:
+    """Runs the load against a started stack (with a drafter) and returns the report."""
+    reference = {p: generate(stack.gateway_address, p, max_tokens, num_speculative_tokens=0).token_ids
+                 for p in PROMPTS}
+    load = _Load(reference)
+    fallbacks = metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total")
+    rss_start = _rss_mib(stack)
+
+    async def main() -> None:
+        killer = asyncio.create_task(_kill_drafter(stack, duration * kill_at, down_for))
+        await _clients(stack.gateway_address, load, clients, time.monotonic() + duration, max_tokens)
+        await killer
+
+    started = time.monotonic()
+    asyncio.run(main())
+    rss_end = _rss_mib(stack)
+    latencies, ttfts = np.array(load.latencies or [np.nan]), np.array(load.ttfts or [np.nan])
+    return SoakReport(
+        clients=clients, duration_seconds=time.monotonic() - started, sent=load.sent,
+        completed=load.completed, errored=dict(load.errors), wrong=load.wrong,
+        latency_p50_seconds=float(np.percentile(latencies, 50)),
+        latency_p99_seconds=float(np.percentile(latencies, 99)),
+        ttft_p50_seconds=float(np.percentile(ttfts, 50)), ttft_p99_seconds=float(np.percentile(ttfts, 99)),
+        drafter_fallbacks=metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total") - fallbacks,
+        rss_mib={name: (rss_start[name], rss_end[name]) for name in rss_start})
+
+
+def format_report(report: SoakReport) -> str:
+    """The report as a Markdown table."""
+    rows = [("clients", report.clients), ("duration (s)", f"{report.duration_seconds:.0f}"),
+            ("requests sent", report.sent), ("completed", report.completed),
+            ("lost (sent - completed)", report.lost),
+            ("errored by code", ", ".join(f"{k}: {v}" for k, v in report.errored.items()) or "none"),
+            ("outputs differing from greedy reference", report.wrong),
+            ("latency p50 / p99 (s)", f"{report.latency_p50_seconds:.2f} / {report.latency_p99_seconds:.2f}"),
+            ("TTFT p50 / p99 (s)", f"{report.ttft_p50_seconds:.2f} / {report.ttft_p99_seconds:.2f}"),
+            ("drafter fallbacks (steps)", f"{report.drafter_fallbacks:.0f}")]
+    rows += [(f"RSS {name} start -> end (MiB)", f"{start:.0f} -> {end:.0f}")
+             for name, (start, end) in report.rss_mib.items()]
+    return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--kill-at", type=float, default=0.5, help="fraction of the run when the drafter dies")
+    parser.add_argument("--down-for", type=float, default=10.0, help="seconds before the drafter restarts")
+    parser.add_argument("--json", help="also write the report here")
+    args = parser.parse_args()
+    stack = Stack(num_verifiers=1).start()
+    try:
+        report = run_soak(stack, args.clients, args.duration, args.max_tokens, args.kill_at, args.down_for)
+    finally:
+        stack.stop()
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(report), indent=2))
+    return 0 if report.lost == 0 and report.wrong == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
