@@ -96,12 +96,11 @@ class DrafterClient:
         self._sent_lengths: dict[str, int] = {}  # per sequence: tokens the current stream holds
         self._step_id = 0
         self._closed = threading.Event()
+        initial_ms, max_ms = int(initial_backoff_s * 1000), int(max_backoff_s * 1000)
+        backoff = [("grpc.initial_reconnect_backoff_ms", initial_ms),
+                   ("grpc.min_reconnect_backoff_ms", initial_ms), ("grpc.max_reconnect_backoff_ms", max_ms)]
         self._channel = open_channel(target, tls, asynchronous=False, server_name=server_name,
-                                     extra_options=[
-                                         ("grpc.initial_reconnect_backoff_ms", int(initial_backoff_s * 1000)),
-                                         ("grpc.min_reconnect_backoff_ms", int(initial_backoff_s * 1000)),
-                                         ("grpc.max_reconnect_backoff_ms", int(max_backoff_s * 1000)),
-                                     ])
+                                     extra_options=backoff)
         self._max_backoff_s = max_backoff_s
         self._initial_backoff_s = initial_backoff_s
         self._thread = threading.Thread(target=self._connection_loop, name="drafter-client", daemon=True)
