@@ -25,10 +25,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # same arithmetic, one op instead of four
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        # Spelled out rather than F.rms_norm, which is several times slower on the CPU for decode-sized inputs.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):

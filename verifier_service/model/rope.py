@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE, arXiv 2104.09864) in the Llama "rotate half" layout.
 
 cos/sin are tabulated once for every position up to max_position in float32, so a step only
-indexes the table by its positions; the inverse frequencies follow transformers' definitions for
+indexes the table by its positions (once, for all layers); the inverse frequencies follow transformers' definitions for
 the `default`, `linear` and `llama3` rope types.
 """
 from __future__ import annotations
@@ -51,21 +51,20 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(self.rope, self.head_dim).to(device)
         positions = torch.arange(self.max_position, dtype=torch.float32, device=inv_freq.device)
         angles = torch.outer(positions, inv_freq)  # [max_position, head_dim // 2]
-        angles = torch.cat((angles, angles), dim=-1)
-        return torch.stack((angles.cos(), angles.sin()))  # [2, max_position, head_dim]
+        cos, sin = angles.cos(), angles.sin()
+        # sin carries rotate-half's sign, so apply() needs only a roll: [-sin | sin] * [x2 | x1] = rotate_half(x) * sin.
+        return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)))  # [2, max_position, head_dim]
 
     def rebuild(self, device: torch.device) -> None:
         """Recomputes the table on `device` (after the model was materialised from the meta device)."""
         self.cos_sin = self._table(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [num_tokens, 1, head_dim] for `positions` [num_tokens], cast to the model dtype."""
+        """cos, signed sin [num_tokens, 1, head_dim] for `positions` [num_tokens], in the model dtype."""
         table = self.cos_sin[:, positions].to(dtype)
         return table[0].unsqueeze(1), table[1].unsqueeze(1)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotates x [num_tokens, num_heads, head_dim] by its positions' angles."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
