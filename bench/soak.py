@@ -57,7 +57,8 @@ class SoakReport:
     ttft_p50_seconds: float = float("nan")
     ttft_p99_seconds: float = float("nan")
     drafter_fallbacks: float = 0.0
-    rss_mib: dict[str, tuple[float, float]] = field(default_factory=dict)  # service -> (start, end)
+    # service -> (before the load, after the first tenth of it (allocator pools warm), at the end)
+    rss_mib: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def lost(self) -> int:
@@ -106,6 +107,11 @@ async def _clients(address: str, load: _Load, clients: int, deadline: float, max
         await asyncio.gather(*(client(i) for i in range(clients)))
 
 
+async def _sample_rss(stack: Stack, at: float, samples: list) -> None:
+    await asyncio.sleep(at)
+    samples.append(await asyncio.to_thread(_rss_mib, stack))
+
+
 async def _kill_drafter(stack: Stack, at: float, down_for: float) -> None:
     await asyncio.sleep(at)
     stack.kill("drafter")
@@ -127,10 +133,13 @@ def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24,
     fallbacks = metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total")
     rss_start = _rss_mib(stack)
 
+    rss_warm: list[dict[str, float]] = []
+
     async def main() -> None:
         killer = asyncio.create_task(_kill_drafter(stack, duration * kill_at, down_for))
+        sampler = asyncio.create_task(_sample_rss(stack, duration * 0.1, rss_warm))
         await _clients(stack.gateway_address, load, clients, time.monotonic() + duration, max_tokens)
-        await killer
+        await asyncio.gather(killer, sampler)
 
     started = time.monotonic()
     asyncio.run(main())
@@ -143,7 +152,7 @@ def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24,
         latency_p99_seconds=float(np.percentile(latencies, 99)),
         ttft_p50_seconds=float(np.percentile(ttfts, 50)), ttft_p99_seconds=float(np.percentile(ttfts, 99)),
         drafter_fallbacks=metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total") - fallbacks,
-        rss_mib={name: (rss_start[name], rss_end[name]) for name in rss_start})
+        rss_mib={name: (rss_start[name], rss_warm[0][name], rss_end[name]) for name in rss_start})
 
 
 def format_report(report: SoakReport) -> str:
@@ -156,8 +165,8 @@ def format_report(report: SoakReport) -> str:
             ("latency p50 / p99 (s)", f"{report.latency_p50_seconds:.2f} / {report.latency_p99_seconds:.2f}"),
             ("TTFT p50 / p99 (s)", f"{report.ttft_p50_seconds:.2f} / {report.ttft_p99_seconds:.2f}"),
             ("drafter fallbacks (steps)", f"{report.drafter_fallbacks:.0f}")]
-    rows += [(f"RSS {name} start -> end (MiB)", f"{start:.0f} -> {end:.0f}")
-             for name, (start, end) in report.rss_mib.items()]
+    rows += [(f"RSS {name}: start / after 10% / end (MiB)", f"{start:.0f} / {warm:.0f} / {end:.0f}")
+             for name, (start, warm, end) in report.rss_mib.items()]
     return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 

@@ -86,3 +86,18 @@ def test_http_completions_answer_200_or_400(small_stack, still_healthy_after, bo
         assert response.json()["error"]["param"], response.text
     elif body.get("stream") is True:
         assert response.text.rstrip().endswith("data: [DONE]"), response.text[-300:]
+
+
+@settings(FUZZ, max_examples=25)
+@given(raw=st.binary(max_size=48))
+def test_grpc_generate_of_arbitrary_bytes_answers_a_result_or_invalid_argument(small_stack, still_healthy_after, raw):
+    """Bytes that are no valid GenerateRequest (bad UTF-8, broken varints) are refused, not crashed on."""
+    with grpc.insecure_channel(small_stack.gateway_address) as channel:
+        call = channel.unary_stream("/specd.v1.Gateway/Generate", request_serializer=lambda b: b,
+                                    response_deserializer=gateway_pb2.GenerateResponse.FromString)
+        try:
+            responses = list(call(raw, timeout=CALL_TIMEOUT))
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (raw, error.code(), error.details())
+            return
+    assert responses and responses[-1].finish_reason in ("stop", "length"), raw
