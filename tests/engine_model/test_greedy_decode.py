@@ -1,11 +1,8 @@
 """Decoding greedily with ModelRunner (prefill, then one token per step) reproduces transformers' generate."""
 from __future__ import annotations
 
-import pytest
-import torch
 
 from engine_model.checkpoints import random_block_tables
-from specd.default_model import resolve_model_path
 from support.reference import cache_dir, hf_greedy
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.model_runner import ModelRunner
@@ -36,23 +33,17 @@ def test_reference_results_are_cached_on_disk(tiny_llama):
     assert len(written) <= 1  # 1 on a cold cache, 0 when an earlier run stored it
 
 
-@pytest.fixture(scope="module")
-def default_runner():
-    return ModelRunner(resolve_model_path("default"), dtype="float32", block_size=16, kv_cache_bytes=32 << 20)
-
-
-def test_default_model_greedy_equals_transformers(default_runner):
+def test_default_model_greedy_equals_transformers(default_model_dir, default_runner):
     from transformers import AutoTokenizer
 
-    model_dir = resolve_model_path("default")
+    model_dir = default_model_dir
     prompt = AutoTokenizer.from_pretrained(model_dir)("def fibonacci(n):")["input_ids"]
     [expected] = hf_greedy(model_dir, [prompt], 16, ignore_eos=True)
     assert runner_greedy(default_runner, prompt, 16) == expected
 
 
-def test_prompt_tokens_equal_to_the_pad_id_are_not_masked(default_runner):
+def test_prompt_tokens_equal_to_the_pad_id_are_not_masked(default_model_dir, default_runner):
     """The default model's pad id is its EOS (2); a prompt containing it must still be attended to."""
-    model_dir = resolve_model_path("default")
     prompt = [1, 2, 3, 4, 5]
-    [expected] = hf_greedy(model_dir, [prompt], 4, ignore_eos=True)
+    [expected] = hf_greedy(default_model_dir, [prompt], 4, ignore_eos=True)
     assert runner_greedy(default_runner, prompt, 4) == expected

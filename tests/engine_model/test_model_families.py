@@ -9,7 +9,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine_model.checkpoints import prefill_request, random_block_tables
-from specd.default_model import resolve_model_path
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.model.config import rope_parameters
@@ -51,15 +50,10 @@ def test_untied_lm_head_is_its_own_matrix(tiny_llama):
     assert runner.model.lm_head.weight is not runner.model.model.embed_tokens.weight
 
 
-@pytest.fixture(scope="module")
-def default_model_dir():
-    return resolve_model_path("default")
-
-
-def test_default_model_logits_match_transformers(default_model_dir):
+def test_default_model_logits_match_transformers(default_model_dir, default_runner):
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     prompt = tokenizer("The paged KV cache stores keys and values in fixed-size blocks, so that")["input_ids"]
-    runner = ModelRunner(default_model_dir, dtype="float32", block_size=16, kv_cache_bytes=64 << 20)
+    runner = default_runner
     assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight  # tied in SmolLM2
     [table] = random_block_tables(runner.num_blocks, [len(prompt)], 16, seed=3)
     logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, table)]))
