@@ -1,7 +1,6 @@
 """Decoding greedily with ModelRunner (prefill, then one token per step) reproduces transformers' generate."""
 from __future__ import annotations
 
-
 from engine_model.checkpoints import random_block_tables
 from support.reference import cache_dir, hf_greedy
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
