@@ -1,8 +1,8 @@
 """Routes each request to the least-loaded healthy verifier replica, failing over before the first token.
 
 A background task polls every replica's grpc health and Verifier.GetLoad. A request goes to the
-healthy replica with the least load (the larger of its reported running + waiting requests and the
-requests this gateway has in flight on it; ties go round-robin). If the call fails with a retryable
+healthy replica with the least load (the requests this gateway has in flight on it, plus those its
+last load report shows from other callers; ties go round-robin). If the call fails with a retryable
 status, the request is sent to another replica: before its first token as it was, after it as a
 resumption (gateway/resume.py: prompt plus the tokens already streamed, the remaining max_tokens), so
 a dying replica costs no request while another one is left. Closing the stream (client gone) cancels
@@ -52,10 +52,17 @@ class Replica:
         self.healthy = False
         self.load = ReplicaLoad()
         self.in_flight = 0
+        self.in_flight_at_report = 0  # this gateway's calls when the load report arrived
 
     def score(self) -> tuple[int, float]:
+        """This gateway's live calls (always current) plus the report's requests from elsewhere.
+
+        The report is up to a poll interval old: counting it whole would keep a burst that just
+        finished here as load, and send the next burst entirely to the other replicas.
+        """
         reported = self.load.num_running + self.load.num_waiting
-        return max(reported, self.in_flight), self.load.kv_cache_usage
+        others = max(0, reported - self.in_flight_at_report)
+        return self.in_flight + others, self.load.kv_cache_usage
 
     async def poll(self, timeout: float) -> None:
         """Refreshes health and load; any failure marks the replica unhealthy until the next poll."""
@@ -67,6 +74,7 @@ class Replica:
             self._set_healthy(False, error.code().name)
             return
         self.load = convert.load_from_pb(report)
+        self.in_flight_at_report = self.in_flight
         self._set_healthy(health.status == health_pb2.HealthCheckResponse.SERVING, "NOT_SERVING")
 
     def _set_healthy(self, healthy: bool, reason: str) -> None:

@@ -69,6 +69,27 @@ async def test_concurrent_requests_spread_over_replicas(router, replicas):
         await stream.__aexit__(None, None, None)
 
 
+async def test_a_stale_load_report_does_not_count_requests_that_already_finished_here(replicas):
+    router = Router([replica.address for replica in replicas], poll_interval=60)  # polls only when told
+    await router.start()
+    replicas[0].hold_after_steps = replicas[1].hold_after_steps = 1
+    router.replicas[1].healthy = False  # the first burst all goes to replica 0
+    first_burst = [aclosing(router.generate(f"a{i}", REQUEST)) for i in range(3)]
+    for stream in first_burst:
+        await anext(await stream.__aenter__())
+    await router.poll()  # replica 0 reports 3 running; both replicas are healthy
+    for stream in first_burst:
+        await stream.__aexit__(None, None, None)
+    second_burst = [aclosing(router.generate(f"b{i}", REQUEST)) for i in range(2)]
+    for stream in second_burst:
+        await anext(await stream.__aenter__())
+    # The report still says 3 on replica 0, but those were this gateway's calls and are gone.
+    assert (len(replicas[0].requests), len(replicas[1].requests)) == (4, 1)
+    for stream in second_burst:
+        await stream.__aexit__(None, None, None)
+    await router.close()
+
+
 async def test_a_replica_failing_before_the_first_token_is_retried_on_another(router, replicas):
     replicas[0].fail_with = grpc.StatusCode.UNAVAILABLE
     replicas[1].reported_running = 3  # the router would pick replica 0 first
