@@ -60,6 +60,7 @@ def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stac
             streams = [pool.submit(stream, stack.gateway_address, p, e) for p, e in zip(PROMPTS, started)]
             for event in started:
                 assert event.wait(60), "a stream produced no token"
+            assert load_report(stack.verifier_addresses[0]).num_running > 0, "verifier-0 serves no stream"
             stack.kill("verifier-0")
             # Requests that arrive after the death, before the router has noticed it, move over too.
             late = [pool.submit(generate, stack.gateway_address, p, MAX_TOKENS, ignore_eos=True)
@@ -71,6 +72,25 @@ def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stac
         resumed_after = [int(n) for n in re.findall(r"after (\d+) tokens; resuming",
                                                     stack.services["gateway"].log_path.read_text())]
         assert any(n > 0 for n in resumed_after), "no stream was resumed mid-way"
+    finally:
+        stack.restart("verifier-0")
+
+
+def test_a_replica_drained_with_sigterm_finishes_its_streams_and_new_requests_go_elsewhere(stack, expected):
+    """A rolling update: SIGTERM stops new work at once, in-flight streams finish within the grace."""
+    started = [threading.Event() for _ in PROMPTS]
+    try:
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            streams = [pool.submit(stream, stack.gateway_address, p, e) for p, e in zip(PROMPTS, started)]
+            for event in started:
+                assert event.wait(60), "a stream produced no token"
+            verifier = stack.services["verifier-0"]
+            verifier.process.terminate()
+            results = [f.result() for f in streams]
+            assert verifier.process.wait(timeout=30) == 0
+            after = generate(stack.gateway_address, PROMPTS[0], MAX_TOKENS, ignore_eos=True)
+        assert results == [expected[p] for p in PROMPTS]
+        assert after.token_ids == expected[PROMPTS[0]]
     finally:
         stack.restart("verifier-0")
 
