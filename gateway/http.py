@@ -73,8 +73,11 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
+        """200 while any verifier replica is healthy; `verifiers` tells each replica's state."""
         healthy = pipeline.router.any_healthy
-        return JSONResponse({"status": "ok" if healthy else "no healthy verifier"}, 200 if healthy else 503)
+        replicas = {r.address: "healthy" if r.healthy else "unhealthy" for r in pipeline.router.replicas}
+        return JSONResponse({"status": "ok" if healthy else "no healthy verifier", "verifiers": replicas},
+                            200 if healthy else 503)
 
     @app.get("/metrics")
     async def metrics():

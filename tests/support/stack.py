@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specd.serving import TlsConfig, open_channel
@@ -52,6 +54,16 @@ def wait_serving(address: str, process: subprocess.Popen, log_path: Path,
                 pass
             time.sleep(0.1)
     raise TimeoutError(f"{address} not SERVING after {timeout:.0f} s:\n{_tail(log_path)}")
+
+
+def _ssl_context(verify, cert):
+    """httpx's verify argument: True (system roots) or an SSL context with the CA and a client certificate."""
+    if verify is True:
+        return True
+    context = ssl.create_default_context(cafile=verify)
+    if cert is not None:
+        context.load_cert_chain(*cert)
+    return context
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -143,16 +155,38 @@ class Stack:
         return f"http://127.0.0.1:{port}/metrics"
 
     def start(self) -> "Stack":
-        """Launches every service at once (the drafter is quick, verifiers load the model) and waits."""
+        """Launches every service at once (the drafter is quick, verifiers load the model) and waits
+        until each reports SERVING and the gateway routes to every verifier."""
         for service in self.services.values():
             service.launch(self.env)
         try:
             for service in self.services.values():
                 wait_serving(service.address, service.process, service.log_path, tls=self.client_tls)
+            self.wait_routed()
         except Exception:
             self.stop()
             raise
         return self
+
+    def wait_routed(self, timeout: float = 30.0) -> None:
+        """Blocks until the gateway's /health lists every verifier as healthy.
+
+        A verifier that has just become SERVING gets traffic only after the gateway's next health
+        poll; tests that expect load on every replica wait for that here."""
+        verify, cert, scheme = True, None, "http"
+        if self.client_tls is not None:
+            verify, scheme = self.client_tls.ca_path or True, "https"
+            cert = (self.client_tls.cert_path, self.client_tls.key_path) if self.client_tls.cert_path else None
+        url = f"{scheme}://127.0.0.1:{self.http_port}/health"
+        deadline = time.monotonic() + timeout
+        with httpx.Client(verify=_ssl_context(verify, cert)) as client:
+            while True:
+                states = client.get(url, timeout=5).json().get("verifiers", {})
+                if states and all(state == "healthy" for state in states.values()):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gateway does not route to every verifier: {states}")
+                time.sleep(0.05)
 
     def kill(self, name: str) -> None:
         """SIGKILL one service (no drain), as a crash would."""
@@ -163,6 +197,9 @@ class Stack:
         service = self.services[name]
         service.launch(self.env)
         wait_serving(service.address, service.process, service.log_path, tls=self.client_tls)
+        gateway = self.services["gateway"].process
+        if name != "drafter" and gateway is not None and gateway.poll() is None:
+            self.wait_routed()
 
     def stop(self) -> dict[str, int]:
         """SIGTERM to gateway, verifiers, drafter in that order; returns each exit code."""
