@@ -84,6 +84,7 @@ def test_a_replica_drained_with_sigterm_finishes_its_streams_and_new_requests_go
             streams = [pool.submit(stream, stack.gateway_address, p, e) for p, e in zip(PROMPTS, started)]
             for event in started:
                 assert event.wait(60), "a stream produced no token"
+            assert load_report(stack.verifier_addresses[0]).num_running > 0, "verifier-0 serves no stream"
             verifier = stack.services["verifier-0"]
             verifier.process.terminate()
             results = [f.result() for f in streams]
