@@ -62,8 +62,8 @@ def _judge_rows(
     greedy_accepted = metadata.row_draft == target_argmax
     if metadata.all_greedy:
         return greedy_accepted, target_argmax
-    probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k,
-                                 metadata.row_top_p, metadata.row_min_p)
+    probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
+                                 metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
     uniform, exponential = metadata.random_draws(logits.shape[-1], logits.device)
     draft_prob = probs.gather(1, metadata.row_draft.unsqueeze(1)).squeeze(1)  # p(x)
     sampled_accepted = metadata.row_has_draft & (uniform < draft_prob)

@@ -14,14 +14,21 @@ def target_probabilities(
     top_k: torch.Tensor,  # [num_rows] int, 0 = off
     top_p: torch.Tensor,  # [num_rows] in (0, 1], 1 = off
     min_p: torch.Tensor,  # [num_rows] in [0, 1], 0 = off
+    filters: tuple[bool, bool, bool] | None = None,
 ) -> torch.Tensor:  # [num_rows, vocab], rows sum to 1
-    """Probabilities of the filtered, temperature-scaled distribution each row samples from."""
+    """Probabilities of the filtered, temperature-scaled distribution each row samples from.
+
+    filters: whether any row uses top-k, top-p, min-p, when the caller knows it on the host (on CUDA,
+    asking the tensors costs a host sync each); None = ask the tensors.
+    """
     logits = logits / temperature.unsqueeze(1)
-    use_top_k, use_top_p = bool((top_k > 0).any()), bool((top_p < 1.0).any())
+    if filters is None:
+        filters = bool((top_k > 0).any()), bool((top_p < 1.0).any()), bool((min_p > 0.0).any())
+    use_top_k, use_top_p, use_min_p = filters
     if use_top_k or use_top_p:
         logits = _apply_top_k_top_p(logits, top_k, top_p, use_top_p)
     probs = logits.softmax(dim=-1)
-    if bool((min_p > 0.0).any()):
+    if use_min_p:
         threshold = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < threshold, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)

@@ -30,6 +30,9 @@ class SamplingMetadata:
     row_min_p: torch.Tensor  # [num_rows] float32
     all_greedy: bool
     seeded_rows: list[tuple[int, int, torch.Generator]]  # (first row, row count, the request's generator)
+    use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
+    use_top_p: bool = True
+    use_min_p: bool = True
 
     @classmethod
     def build(cls, batch: ScheduledBatch, requests: Sequence[Request], device: torch.device) -> SamplingMetadata:
@@ -54,28 +57,40 @@ class SamplingMetadata:
                 seeded.append((first_row, num_drafts + 1, request.generator))
             first_row += num_drafts + 1
         greedy, temperature, top_k, top_p, min_p = zip(*per_request_params) if per_request_params else ((),) * 5
-        repeats = torch.tensor(counts, dtype=torch.long)
+        num_requests, num_rows = len(with_logits), first_row
 
-        def rows(values, dtype):  # one value per request -> one per row
-            return torch.tensor(values, dtype=dtype).repeat_interleave(repeats).to(device)
+        def per_row(values):  # one value per request -> one per row
+            return [v for v, n in zip(values, counts) for _ in range(n)]
 
-        draft_tensor = torch.tensor(drafts, dtype=torch.long).reshape(len(with_logits), max_drafts)
+        # Two pinned, non-blocking copies (ints, floats) instead of one blocking copy per tensor: no host sync.
+        ints = [x for row in row_index for x in row] + [x for row in drafts for x in row]
+        ints += [int(j < n - 1) for n in counts for j in range(max_drafts)]
+        ints += row_draft + [int(x) for x in has_draft] + per_row([int(g) for g in greedy]) + per_row(top_k)
+        floats = per_row(temperature) + per_row(top_p) + per_row(min_p)
+        ints_device = _to_device(ints, torch.int64, device)
+        floats_device = _to_device(floats, torch.float32, device)
+        padded = num_requests * (max_drafts + 1), num_requests * max_drafts, num_requests * max_drafts
+        index, draft_ids, mask, row_draft_t, has_draft_t, greedy_t, top_k_t = ints_device.split(
+            [*padded, num_rows, num_rows, num_rows, num_rows])
+        temperature_t, top_p_t, min_p_t = floats_device.split([num_rows] * 3)
         return cls(
             batch_size=len(batch.requests),
             batch_indices=[i for i, _, _ in with_logits],
-            row_index=torch.tensor(row_index, dtype=torch.long).reshape(-1, max_drafts + 1).to(device),
-            draft_token_ids=draft_tensor.to(device),
-            draft_mask=(torch.arange(max_drafts).unsqueeze(0)
-                        < (repeats - 1).unsqueeze(1)).to(device),
-            row_draft=torch.tensor(row_draft, dtype=torch.long).to(device),
-            row_has_draft=torch.tensor(has_draft, dtype=torch.bool).to(device),
-            row_greedy=rows(greedy, torch.bool),
-            row_temperature=rows(temperature, torch.float32),
-            row_top_k=rows(top_k, torch.long),
-            row_top_p=rows(top_p, torch.float32),
-            row_min_p=rows(min_p, torch.float32),
+            row_index=index.view(num_requests, max_drafts + 1),
+            draft_token_ids=draft_ids.view(num_requests, max_drafts),
+            draft_mask=mask.view(num_requests, max_drafts).bool(),
+            row_draft=row_draft_t,
+            row_has_draft=has_draft_t.bool(),
+            row_greedy=greedy_t.bool(),
+            row_temperature=temperature_t,
+            row_top_k=top_k_t,
+            row_top_p=top_p_t,
+            row_min_p=min_p_t,
             all_greedy=all(greedy),
             seeded_rows=seeded,
+            use_top_k=any(k > 0 for k in top_k),
+            use_top_p=any(p < 1.0 for p in top_p),
+            use_min_p=any(p > 0.0 for p in min_p),
         )
 
     def random_draws(self, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,3 +106,9 @@ class SamplingMetadata:
             uniform[first:first + count] = torch.rand(count, device=device, generator=generator)
             exponential[first:first + count].exponential_(generator=generator)
         return uniform, exponential
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A pinned host tensor copied without blocking (a plain .to(cuda) from pageable memory syncs)."""
+    pin = device.type == "cuda"
+    return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=pin)
