@@ -19,6 +19,7 @@ class EngineConfig:
     kv_cache_memory_fraction: share of free GPU memory the runner may give the KV cache.
     max_model_len: prompt + output tokens per request; 0 = the model's own context length.
     num_speculative_tokens: drafts per step for requests that do not say (0 turns speculation off).
+    enforce_eager: never replay CUDA graphs (by default decode / verify steps on CUDA with flash-attn do).
     """
 
     model: str = "default"
@@ -34,6 +35,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     min_ngram: int = 1
     max_ngram: int = 4
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         checks = [

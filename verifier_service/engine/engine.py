@@ -176,7 +176,10 @@ def build_model_runner(config: EngineConfig):
     from specd.default_model import resolve_model_path
     from verifier_service.engine.model_runner import ModelRunner
 
-    return ModelRunner(resolve_model_path(config.model), device=config.device, dtype=config.dtype,
-                       block_size=config.block_size, kv_cache_bytes=config.kv_cache_bytes or None,
-                       gpu_memory_utilization=config.kv_cache_memory_fraction,
-                       max_model_len=config.max_model_len or None)
+    runner = ModelRunner(resolve_model_path(config.model), device=config.device, dtype=config.dtype,
+                         block_size=config.block_size, kv_cache_bytes=config.kv_cache_bytes or None,
+                         gpu_memory_utilization=config.kv_cache_memory_fraction,
+                         max_model_len=config.max_model_len or None)
+    if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
+        runner.capture_cuda_graphs(config.max_num_seqs, [1, config.num_speculative_tokens + 1])
+    return runner

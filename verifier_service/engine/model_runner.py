@@ -14,6 +14,7 @@ import torch
 from verifier_service.attention.backend import select_backend
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
 from verifier_service.model.config import load_model_config
 from verifier_service.model.loader import load_model
@@ -69,12 +70,32 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
+        self.graphs: GraphedSteps | None = None
+
+    def capture_cuda_graphs(self, max_batch: int, widths: list[int]) -> bool:
+        """Captures decode / verify steps of up to max_batch sequences and the given widths (1 + drafts).
+
+        Only on CUDA with the flash-attn backend (the reference backend's layout depends on the step's
+        lengths). Takes the last KV block as the padding rows' scratch block. Returns whether it did.
+        """
+        if self.device.type != "cuda" or self.backend.name != "flash-attn" or self.num_blocks < 2:
+            return False
+        self.num_blocks -= 1  # the block manager never hands out the scratch block
+        self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
+                                   self.max_model_len, self.device)
+        self.graphs.capture()
+        return True
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
         """float32 logits [batch.num_logits, vocab_size]: per request in order, its last num_logits positions."""
         if not batch:
             raise ValueError("batch: no requests scheduled")
+        shape = self.graphs.shape_for(batch) if self.graphs is not None else None
+        if shape is not None:
+            for request in batch.requests:
+                self._check(request)
+            return self.graphs.run(batch, shape)
         input_ids, positions, slots, logit_rows = [], [], [], []
         for request in batch.requests:
             self._check(request)
