@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
+#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [eager] [profile]
+# Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
+set -u
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
+models() { for p in "$@"; do [ -d "/tmp/models/$p" ] || python3 bench/make_random_model.py "$p" "/tmp/models/$p" >/dev/null; done; }
+for part in "$@"; do
+  case $part in
+    tests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu tests/engine_model/test_flash_attention.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    latency) models qwen3-0.6b && python3 bench/gpu_latency.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/latency.log" | tail -8 ;;
+    latency8b) models llama3-8b && python3 bench/gpu_latency.py /tmp/models/llama3-8b 2>&1 | tee "$OUT/latency8b.log" | tail -8 ;;
+    throughput) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/throughput.log" | tail -8 ;;
+    profile) models qwen3-0.6b && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
+    eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
+  esac
+done
