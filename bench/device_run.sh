@@ -11,10 +11,10 @@ models() { for p in "$@"; do [ -d "/tmp/models/$p" ] || python3 bench/make_rando
 for part in "$@"; do
   case $part in
     tests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu tests/engine_model/test_flash_attention.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
-    latency) models qwen3-0.6b && python3 bench/gpu_latency.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/latency.log" | tail -8 ;;
-    latency8b) models llama3-8b && python3 bench/gpu_latency.py /tmp/models/llama3-8b 2>&1 | tee "$OUT/latency8b.log" | tail -8 ;;
-    throughput) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/throughput.log" | tail -8 ;;
-    profile) models qwen3-0.6b && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
+    latency) models qwen3-0.6b && python3 bench/gpu_latency.py /tmp/models/qwen3-0.6b --both 2>&1 | tee "$OUT/latency.log" | tail -8 ;;
+    latency8b) models llama3-8b && python3 bench/gpu_latency.py /tmp/models/llama3-8b --both 2>&1 | tee "$OUT/latency8b.log" | tail -8 ;;
+    throughput) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/throughput.log" | tail -9 ;;
+    profile) models qwen3-0.6b && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/profile.log" | grep "kernels per step" && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b --no-compile 2>&1 | tee "$OUT/profile_nocompile.log" | grep "kernels per step" ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
   esac
 done

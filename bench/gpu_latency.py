@@ -1,7 +1,8 @@
 """Batch-1 step latency on the GPU: decode (1 token) and verify (1 + 4 drafts), graph replay and the whole
 runner call (host packing + replay + logits to float), against the weight-read floor.
 
-Usage: python bench/gpu_latency.py MODEL_DIR [MODEL_DIR ...]   (checkpoints from bench/make_random_model.py)
+Usage: python bench/gpu_latency.py MODEL_DIR [MODEL_DIR ...] [--no-compile] [--both]
+(checkpoints from bench/make_random_model.py; --both measures each model without and with torch.compile).
 The floor is weight bytes / measured device copy bandwidth (bytes read + written per second).
 """
 from __future__ import annotations
@@ -50,15 +51,15 @@ def timed(fn, iters=200) -> float:
     return sorted(times)[iters // 2]
 
 
-def measure(model_dir: str, bandwidth: float) -> dict:
+def measure(model_dir: str, bandwidth: float, compile_model: bool) -> dict:
     runner = ModelRunner(model_dir, device="cuda", dtype="bfloat16", block_size=BLOCK, kv_cache_bytes=1 << 30,
-                         max_model_len=4096)
+                         max_model_len=4096, compile_model=compile_model)
     runner.capture_cuda_graphs(1, [1, 5])
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     table = list(range(-(-(CONTEXT + 8) // BLOCK)))
     prompt = list(range(1, CONTEXT + 1))
     runner.execute(ScheduledBatch([ScheduledRequest("a", prompt, 0, table, 0, 1)]))
-    row = {"model": Path(model_dir).name, "weights_GB": weight_bytes / 1e9,
+    row = {"model": Path(model_dir).name + (" compiled" if compile_model else " eager layers"), "weights_GB": weight_bytes / 1e9,
            "floor_ms": weight_bytes / bandwidth * 1e3}
     for name, width in (("decode", 1), ("verify_k4", 5)):
         batch = ScheduledBatch([ScheduledRequest("a", [5] * width, CONTEXT, table, width - 1, width)])
@@ -74,7 +75,9 @@ def measure(model_dir: str, bandwidth: float) -> dict:
 
 def main() -> None:
     bandwidth = copy_bandwidth()
-    rows = [measure(d, bandwidth) for d in sys.argv[1:]]
+    dirs = [a for a in sys.argv[1:] if not a.startswith("--")]
+    modes = [False, True] if "--both" in sys.argv else ["--no-compile" not in sys.argv]
+    rows = [measure(d, bandwidth, mode) for d in dirs for mode in modes]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "copy_TBps": bandwidth / 1e12, "rows": rows}, indent=1))
     print(f"\n{card}, copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write), batch 1, context {CONTEXT}")

@@ -1,6 +1,7 @@
 """Where a batch-1 decode step's GPU time goes: kernels per step and the top kernels by CUDA time.
 
-Usage: python bench/gpu_profile_step.py MODEL_DIR   (prints the profiler's table of one eager decode step x 20)
+Usage: python bench/gpu_profile_step.py MODEL_DIR [--no-compile]
+(prints the profiler's table of one decode step x 20, run without CUDA graphs)
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from verifier_service.engine.model_runner import ModelRunner  # noqa: E402
 
 def main() -> None:
     runner = ModelRunner(sys.argv[1], device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=1 << 30,
-                         max_model_len=4096)
+                         max_model_len=4096, compile_model="--no-compile" not in sys.argv)
     table = [0, 1, 2]
     runner.execute(ScheduledBatch([ScheduledRequest("a", list(range(1, 513)), 0, table, 0, 1)]))
     batch = ScheduledBatch([ScheduledRequest("a", [5], 512, table, 0, 1)])

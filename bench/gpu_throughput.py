@@ -1,7 +1,7 @@
 """Throughput on nano-vllm's bench.py workload: 256 sequences, input and output lengths uniform in
-[100, 1024], random token ids, temperature 0.6, ignore_eos; speculation off, and n-gram speculation on.
+[100, 1024], random token ids, temperature 0.6, ignore_eos; per engine configuration (see CONFIGS).
 
-Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256]
+Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
 Throughput = output tokens / wall time of the whole run (prefill included), as nano-vllm counts it.
 """
 from __future__ import annotations
@@ -19,6 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
+
+# name -> (speculation, EngineConfig changes); "always" = every decoding request drafts every step (round 1).
+CONFIGS = {
+    "eager-layers": (False, dict(compile_model=False)),
+    "eager-layers+ngram-always": (True, dict(compile_model=False, adaptive_drafting=False)),
+    "compiled": (False, dict(compile_model=True)),
+    "compiled+ngram-always": (True, dict(compile_model=True, adaptive_drafting=False)),
+    "compiled+ngram-adaptive": (True, dict(compile_model=True, adaptive_drafting=True)),
+}
 
 
 def workload(num_seqs: int, seed: int = 0):
@@ -39,45 +48,55 @@ def run(engine: Engine, prompts, max_tokens) -> tuple[float, int]:
     return time.perf_counter() - start, produced
 
 
+def measure(name: str, model: str, eager: bool, prompts, max_tokens) -> dict:
+    speculation, changes = CONFIGS[name]
+    config = EngineConfig(model=model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
+                          kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
+                          max_model_len=4096, num_speculative_tokens=4 if speculation else 0,
+                          enable_prefix_caching=False, enforce_eager=eager, **changes)
+    proposer = None
+    if speculation:
+        from drafter_service.local import LocalNgramProposer
+
+        proposer = LocalNgramProposer()
+    started = time.perf_counter()
+    engine = Engine(config, proposer)
+    run(engine, [prompts[0][:100]], [16])  # warm-up (compiles the prefill shapes)
+    load_s = time.perf_counter() - started
+    engine.take_step_stats()
+    seconds, produced = run(engine, prompts, max_tokens)
+    stats = engine.take_step_stats()
+    spec = [s.spec_decoding for s in stats if s.spec_decoding]
+    row = {"config": name, "seconds": seconds, "output_tokens": produced, "tok_per_s": produced / seconds,
+           "steps": len(stats), "steps_with_drafts": len(spec), "draft_tokens": sum(s.num_draft_tokens for s in spec),
+           "accepted_tokens": sum(s.num_accepted_tokens for s in spec),
+           "draft_skips": sum(s.num_draft_skips for s in stats), "load_compile_capture_s": load_s,
+           "graphs": engine.runner.graphs is not None}
+    print(json.dumps(row), flush=True)
+    del engine
+    torch.cuda.empty_cache()
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
     args = parser.parse_args()
     prompts, max_tokens = workload(args.num_seqs)
-    rows = []
-    for speculation in (False, True):
-        config = EngineConfig(model=args.model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
-                              kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
-                              max_model_len=4096, num_speculative_tokens=4 if speculation else 0,
-                              enable_prefix_caching=False, enforce_eager=args.eager)
-        proposer = None
-        if speculation:
-            from drafter_service.local import LocalNgramProposer
-
-            proposer = LocalNgramProposer()
-        started = time.perf_counter()
-        engine = Engine(config, proposer)
-        load_s = time.perf_counter() - started
-        run(engine, [prompts[0][:100]], [16])  # warm-up
-        engine.take_step_stats()
-        seconds, produced = run(engine, prompts, max_tokens)
-        stats = engine.take_step_stats()
-        rows.append({"speculation": speculation, "seconds": seconds, "output_tokens": produced,
-                     "tok_per_s": produced / seconds, "steps": len(stats), "load_and_capture_s": load_s,
-                     "graphs": engine.runner.graphs is not None})
-        del engine
-        torch.cuda.empty_cache()
+    rows = [measure(name, args.model, args.eager, prompts, max_tokens) for name in args.configs.split(",")]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "rows": rows}, indent=1))
     print(f"\n{card}, {args.num_seqs} seqs, {'eager' if args.eager else 'CUDA graphs'}")
-    print("| speculation | output tokens | seconds | tok/s | steps | vs nano-vllm H200 14,943 |")
-    print("|---|---|---|---|---|---|")
+    print("| config | output tokens | seconds | tok/s | steps | steps with drafts | accepted / drafted "
+          "| vs nano-vllm H200 14,943 |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {'n-gram k=4' if r['speculation'] else 'off'} | {r['output_tokens']} | {r['seconds']:.2f} | "
-              f"{r['tok_per_s']:.0f} | {r['steps']} | {r['tok_per_s'] / 14943:.2f}x |")
-    print(f"speculation on / off: {rows[1]['tok_per_s'] / rows[0]['tok_per_s']:.3f}")
+        print(f"| {r['config']} | {r['output_tokens']} | {r['seconds']:.2f} | {r['tok_per_s']:.0f} | {r['steps']} | "
+              f"{r['steps_with_drafts']} | {r['accepted_tokens']} / {r['draft_tokens']} | "
+              f"{r['tok_per_s'] / 14943:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ class EngineConfig:
     max_model_len: prompt + output tokens per request; 0 = the model's own context length.
     num_speculative_tokens: drafts per step for requests that do not say (0 turns speculation off).
     enforce_eager: never replay CUDA graphs (by default decode / verify steps on CUDA with flash-attn do).
+    compile_model: torch.compile the decoder layers' attention-free regions on CUDA (never on the CPU).
+    adaptive_drafting: back a request off drafting while its drafts are rejected, and draft in no step with
+        more than max_draft_batch_size running requests (engine/draft_policy.py); output is unchanged.
+    max_draft_batch_size: see adaptive_drafting (0 = no limit).
     """
 
     model: str = "default"
@@ -36,6 +40,9 @@ class EngineConfig:
     min_ngram: int = 1
     max_ngram: int = 4
     enforce_eager: bool = False
+    compile_model: bool = True
+    adaptive_drafting: bool = True
+    max_draft_batch_size: int = 32
 
     def __post_init__(self) -> None:
         checks = [
@@ -49,6 +56,7 @@ class EngineConfig:
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1"),
             (self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)"),
             (self.num_speculative_tokens >= 0, "num_speculative_tokens", "must be >= 0"),
+            (self.max_draft_batch_size >= 0, "max_draft_batch_size", "must be >= 0 (0 = no limit)"),
             (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
         ]
         for ok, name, message in checks:

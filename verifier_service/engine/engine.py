@@ -15,6 +15,7 @@ import torch
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
 from verifier_service.engine.proposer import Proposer
 from verifier_service.engine.rejection_sampler import VerifiedTokens, verify
@@ -49,7 +50,7 @@ class Engine:
             self.block_manager, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_speculative_tokens=config.num_speculative_tokens if proposer is not None else 0,
-            vocab_size=self.vocab_size)
+            vocab_size=self.vocab_size, draft_policy=build_draft_policy(config))
         self.step_stats = StepStatsLog()
         self._lock = threading.Lock()
         self._arrivals = itertools.count()
@@ -106,10 +107,15 @@ class Engine:
     def _schedule(self) -> tuple[ScheduledBatch, list[Request]]:
         self.step_stats.begin()
         with self._lock:
-            preemptions_before = self.scheduler.num_preemptions
+            preemptions_before, skips_before = self.scheduler.num_preemptions, self._num_draft_skips()
             batch = self.scheduler.schedule()
             self.step_stats.current.num_preemptions = self.scheduler.num_preemptions - preemptions_before
+            self.step_stats.current.num_draft_skips = self._num_draft_skips() - skips_before
             return batch, [self.scheduler.requests[s.request_id] for s in batch.requests]
+
+    def _num_draft_skips(self) -> int:
+        policy = self.scheduler.draft_policy
+        return policy.num_skipped if policy is not None else 0
 
     @timed_stage("propose")
     def _propose(self, batch: ScheduledBatch) -> None:
@@ -171,6 +177,13 @@ class Engine:
         return prompt
 
 
+def build_draft_policy(config: EngineConfig) -> DraftPolicy | None:
+    """The drafting policy the config asks for (None: every decoding request drafts every step)."""
+    if not config.adaptive_drafting:
+        return None
+    return DraftPolicy(DraftPolicyConfig(max_batch_size=config.max_draft_batch_size))
+
+
 def build_model_runner(config: EngineConfig):
     """The real model runner for config (imported here so engine logic loads without a model)."""
     from specd.default_model import resolve_model_path
@@ -179,7 +192,7 @@ def build_model_runner(config: EngineConfig):
     runner = ModelRunner(resolve_model_path(config.model), device=config.device, dtype=config.dtype,
                          block_size=config.block_size, kv_cache_bytes=config.kv_cache_bytes or None,
                          gpu_memory_utilization=config.kv_cache_memory_fraction,
-                         max_model_len=config.max_model_len or None)
+                         max_model_len=config.max_model_len or None, compile_model=config.compile_model)
     if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
         runner.capture_cuda_graphs(config.max_num_seqs, [1, config.num_speculative_tokens + 1])
     return runner

@@ -16,6 +16,7 @@ from verifier_service.attention.metadata import AttentionMetadata, attention_con
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
+from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.loader import load_model
 
@@ -45,12 +46,14 @@ class ModelRunner:
     """Owns the model and its paged KV cache; `execute` scores one scheduled batch.
 
     The cache holds `kv_cache_bytes` when given (default 512 MiB on the CPU), else on CUDA what is left
-    of `gpu_memory_utilization` of the card once the model is loaded.
+    of `gpu_memory_utilization` of the card once the model is loaded. With `compile_model`, on CUDA only,
+    the decoder layers' attention-free regions run as torch.compile'd kernels (model/compile.py).
     """
 
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", block_size: int = 16, kv_cache_bytes: int | None = None,
-                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None):
+                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                 compile_model: bool = True):
         if block_size < 1:
             raise ValueError(f"block_size: {block_size} must be positive")
         self.device = resolve_device(device)
@@ -70,6 +73,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
+        self.compiled = compile_model and self.device.type == "cuda"
+        if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
+            compile_regions(self.model)
         self.graphs: GraphedSteps | None = None
 
     def capture_cuda_graphs(self, max_batch: int, widths: list[int]) -> bool:

@@ -5,6 +5,7 @@ from enum import Enum
 
 import torch
 
+from verifier_service.engine.draft_policy import DraftBackoff
 from verifier_service.engine.outputs import FinishReason, RequestUsage
 from verifier_service.engine.sampling_params import SamplingParams
 
@@ -36,6 +37,7 @@ class Request:
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.num_draft_slots = 0  # KV slots reserved for drafts in the current step
+        self.draft_backoff = DraftBackoff()  # whether drafting pays off for this request (draft_policy.py)
         self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
         self.generator = _seeded_generator(params.seed, device)
         self.num_draft_tokens = 0

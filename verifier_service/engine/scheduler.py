@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.block_manager import BlockManager
+from verifier_service.engine.draft_policy import DraftPolicy
 from verifier_service.engine.outputs import FinishReason, RequestOutput
 from verifier_service.engine.proposer import DraftRequest
 from verifier_service.engine.request import Request, RequestStatus
@@ -23,13 +24,15 @@ if TYPE_CHECKING:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, num_speculative_tokens: int, vocab_size: int) -> None:
+                 max_model_len: int, num_speculative_tokens: int, vocab_size: int,
+                 draft_policy: DraftPolicy | None = None) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.num_speculative_tokens = num_speculative_tokens
         self.vocab_size = vocab_size
+        self.draft_policy = draft_policy  # None: every decoding request drafts every step
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[Request] = []  # oldest first, so the newest is preempted first
@@ -60,6 +63,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         """This step's tokens for running requests first (oldest first), then newly admitted ones."""
         budget = self.max_num_batched_tokens
+        if self.draft_policy is not None:
+            self.draft_policy.begin_step(len(self.running))
         scheduled: list[ScheduledRequest] = []
         preempted = False
         index = 0
@@ -110,7 +115,10 @@ class Scheduler:
         num_tokens = min(num_remaining, budget)
         if num_remaining > 1:
             return num_tokens, 0
-        return num_tokens, max(0, min(self._max_drafts(request), budget - 1))
+        max_drafts = self._max_drafts(request)
+        if max_drafts > 0 and self.draft_policy is not None and not self.draft_policy.allows(request.draft_backoff):
+            return num_tokens, 0
+        return num_tokens, max(0, min(max_drafts, budget - 1))
 
     def _max_drafts(self, request: Request) -> int:
         """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1)."""
@@ -180,6 +188,8 @@ class Scheduler:
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             num_accepted = verified.num_accepted[index]
+            if scheduled.num_draft_tokens and self.draft_policy is not None:
+                self.draft_policy.observe(request.draft_backoff, scheduled.num_draft_tokens, num_accepted)
             request.num_computed_tokens = (scheduled.start_position + scheduled.num_tokens
                                            - scheduled.num_draft_tokens + num_accepted)
             if scheduled.num_logits:

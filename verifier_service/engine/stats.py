@@ -48,6 +48,7 @@ class StepStats:
     num_running: int = 0  # after the step
     num_waiting: int = 0
     num_proposer_failures: int = 0  # the proposer raised; the step decoded without drafts
+    num_draft_skips: int = 0  # decoding requests the draft policy kept from drafting this step
 
 
 class StepStatsLog:

@@ -2,7 +2,9 @@
 
 q/k/v are one fused projection (`qkv_proj`) and gate/up another (`gate_up_proj`): one matmul instead of
 three or two, which matters at batch-1 decode where per-op overhead dominates. The weight loader fills
-the fused weights from the checkpoint's separate ones.
+the fused weights from the checkpoint's separate ones. A decoder layer is two attention-free regions
+around the attention call (`attention_inputs`, `attention_output`), so that on CUDA each region can be
+compiled into a few fused kernels (verifier_service/model/compile.py) while attention stays the backend's.
 """
 from __future__ import annotations
 
@@ -50,8 +52,12 @@ class Attention(nn.Module):
     def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, backend: AttentionBackend) -> None:
         self.k_cache, self.v_cache, self.backend = k_cache, v_cache, backend
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """hidden [num_tokens, hidden_size] -> [num_tokens, hidden_size]; cos, sin [num_tokens, 1, head_dim]."""
+    def project(self, hidden: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden [num_tokens, hidden_size] -> q [num_tokens, heads, head_dim], k, v [num_tokens, kv_heads, head_dim].
+
+        q and k come out normed (Qwen3) and rotated; cos, sin [num_tokens, 1, head_dim].
+        """
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -62,10 +68,18 @@ class Attention(nn.Module):
             q = self.q_norm(qkv[:, :self.q_size].view(num_tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim))
             q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Writes k, v to the cache, then q attends: [num_tokens, heads, head_dim] (before o_proj)."""
         metadata = current_attention_metadata()
         self.backend.write_kv(k, v, self.k_cache, self.v_cache, metadata)
-        out = self.backend.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.backend.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """hidden [num_tokens, hidden_size] -> [num_tokens, hidden_size]; cos, sin [num_tokens, 1, head_dim]."""
+        out = self.attend(*self.project(hidden, cos, sin))
+        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))
 
 
 class MLP(nn.Module):
@@ -93,5 +107,19 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
+        """hidden [num_tokens, hidden_size] -> the same; attention runs between two compilable regions."""
+        attention = self.self_attn.attend(*self.attention_inputs(hidden, cos, sin))
+        return self.attention_output(hidden, attention)
+
+    def attention_inputs(self, hidden: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Region 1: input norm, q/k/v projection, QK-norm, RoPE -> q, k, v (see Attention.project)."""
+        return self.self_attn.project(self.input_layernorm(hidden), cos, sin)
+
+    def attention_output(self, hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """Region 2: o_proj, residual add, post-attention norm, MLP, residual add.
+
+        hidden [num_tokens, hidden_size] is the layer's input; attention [num_tokens, heads, head_dim].
+        """
+        hidden = hidden + self.self_attn.o_proj(attention.reshape(hidden.shape[0], self.self_attn.q_size))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))

@@ -1,0 +1,43 @@
+"""Fewer, fused kernels per decoder layer on CUDA: `torch.compile` of the attention-free regions.
+
+Eagerly, a Qwen3 layer launches ~54 kernels at batch-1 decode (four float32 RMSNorms of ~6 kernels
+each, RoPE as roll / mul / add, casts), most of them 1-2 us long: the step is bound by kernel count,
+not by the weights it reads. Inductor fuses each region into a few Triton kernels around the cuBLAS
+GEMMs. A layer is split as DecoderLayer documents:
+  attention_inputs  (norm -> qkv GEMM -> QK-norm + RoPE)  | compiled
+  attend            (KV write + flash-attn)               | eager: the backend's own kernels
+  attention_output  (o GEMM + residual + norm -> MLP + residual) | compiled
+so the attention backend and its metadata context stay outside the compiled graphs. All layers share
+one compiled graph per region (parameters are graph inputs), so start-up compiles a handful of graphs,
+not one per layer. Shapes are dynamic in num_tokens (one graph for every batch size, one for a single
+token), and the compiled code is plain kernels, so CUDA graph capture records it like eager code.
+
+Compiled code rounds differently from eager bf16 code (fused float32 intermediates), so it is used on
+CUDA only; the CPU float32 path, which tests hold equal to transformers, never compiles.
+"""
+from __future__ import annotations
+
+import torch
+
+from verifier_service.model.decoder import CausalLM
+
+
+def compile_regions(model: CausalLM, backend: str = "inductor") -> None:
+    """Replaces each layer's two regions and the final norm by compiled versions (in place, idempotent)."""
+    # Prefill chunks, decode and verify steps differ only in num_tokens: allow one graph per region
+    # and specialisation (single token / many) for each model this process loads.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    decoder = model.model
+    for layer in decoder.layers:
+        if getattr(layer, "compiled", False):
+            continue
+        layer.attention_inputs = _compiled(layer.attention_inputs, backend)
+        layer.attention_output = _compiled(layer.attention_output, backend)
+        layer.compiled = True
+    if not getattr(decoder.norm, "compiled", False):
+        decoder.norm.forward = _compiled(decoder.norm.forward, backend)
+        decoder.norm.compiled = True
+
+
+def _compiled(method, backend: str):
+    return torch.compile(method, backend=backend, dynamic=True, fullgraph=True)
