@@ -1,0 +1,107 @@
+"""With the real default model: speculation never changes greedy output, whatever the drafts.
+
+Eight prompts of different lengths decode together for 64 tokens; the engine with n-gram, oracle and
+adversarial drafts, and without drafts, must all equal transformers' greedy generate token for token.
+"""
+import pytest
+from transformers import AutoTokenizer
+
+from specd.default_model import resolve_model_path
+from support import reference
+from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.sampling_params import SamplingParams
+
+MAX_TOKENS = 64
+TEXTS = [
+    "Hello",
+    "The capital of France is",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog.",
+    "List the numbers from one to twenty, separated by commas: one, two, three,",
+    "import os\nimport sys\n\n\ndef main():\n    for name in os.listdir(sys.argv[1]):\n        print(name)\n\n"
+    "Fix the bug in this code and repeat it:\n",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who " * 3,
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
+    "Rewrite the class above with type hints:\n",
+]
+CONFIG = EngineConfig(model="default", device="cpu", dtype="float32", block_size=16,
+                      kv_cache_bytes=64 * 2**20, max_num_batched_tokens=512, num_speculative_tokens=4)
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
+    encoded = [tokenizer(text)["input_ids"] for text in TEXTS]
+    assert len({len(p) for p in encoded}) == len(encoded)
+    return encoded
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(prompts) -> dict[str, list[int]]:
+    """transformers generate(do_sample=False), 64 tokens per prompt (cached on disk across runs)."""
+    outputs = reference.hf_greedy(resolve_model_path("default"), prompts, MAX_TOKENS, ignore_eos=True)
+    return {f"p{index}": output for index, output in enumerate(outputs)}
+
+
+@pytest.fixture(scope="module")
+def runner():
+    from verifier_service.engine.engine import build_model_runner
+
+    return build_model_runner(CONFIG)
+
+
+def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams = GREEDY) -> dict[str, list[int]]:
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"p{index}", prompt, params)
+    outputs: dict[str, list[int]] = {f"p{index}": [] for index in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            outputs[output.request_id] += output.new_token_ids
+    return outputs
+
+
+@pytest.mark.parametrize("kind", ["none", "ngram", "oracle", "adversarial"])
+def test_greedy_with_any_drafts_equals_transformers_generate(kind, prompts, hf_greedy, runner):
+    references = {rid: prompts[int(rid[1:])] + out for rid, out in hf_greedy.items()}
+    proposer = {"none": None, "ngram": BruteForceNgramProposer(),
+                "oracle": OracleProposer(references),
+                "adversarial": AdversarialProposer(references, runner.vocab_size)}[kind]
+    engine = Engine(CONFIG, proposer=proposer, runner=runner)
+    assert generate(engine, prompts) == hf_greedy
+    spec = [s.spec_decoding for s in engine.take_step_stats() if s.spec_decoding]
+    accepted = sum(s.num_accepted_tokens for s in spec)
+    if kind == "oracle":
+        assert accepted == sum(s.num_draft_tokens for s in spec) > 0
+    if kind == "adversarial":
+        assert accepted == 0 and sum(s.num_draft_tokens for s in spec) > 0
+    if kind == "ngram":
+        assert accepted > 0
+
+
+def test_tiny_kv_budget_preempts_and_leaves_greedy_output_unchanged(prompts, hf_greedy):
+    # 12 blocks of 16 = 192 slots: the batch needs far more, so requests are preempted and recomputed.
+    config = EngineConfig(model="default", device="cpu", dtype="float32", block_size=16,
+                          kv_cache_bytes=12 * 737_280, max_num_batched_tokens=512)
+    references = {rid: prompts[int(rid[1:])] + out for rid, out in hf_greedy.items()}
+    engine = Engine(config, proposer=OracleProposer(references))
+    assert engine.runner.num_blocks == 12
+    short = [i for i, p in enumerate(prompts) if len(p) + MAX_TOKENS <= 12 * 16]
+    outputs = generate(engine, [prompts[i] for i in short])
+    assert outputs == {f"p{n}": hf_greedy[f"p{i}"] for n, i in enumerate(short)}
+    assert sum(step.num_preemptions for step in engine.take_step_stats()) > 0
+
+
+def test_prefix_cache_hit_skips_recomputation_and_keeps_output(prompts, hf_greedy, runner):
+    engine = Engine(CONFIG, runner=runner)
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    first = generate(engine, [prompts[longest]])
+    fed_first = sum(step.num_tokens for step in engine.take_step_stats())
+    second = generate(engine, [prompts[longest]])
+    fed_second = sum(step.num_tokens for step in engine.take_step_stats())
+    cached = (len(prompts[longest]) - 1) // 16 * 16
+    assert first == second == {"p0": hf_greedy[f"p{longest}"]}
+    assert fed_second <= fed_first - cached
