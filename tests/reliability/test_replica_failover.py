@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import httpx
 import pytest
 
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
@@ -72,6 +73,9 @@ def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stac
         resumed_after = [int(n) for n in re.findall(r"after (\d+) tokens; resuming",
                                                     stack.services["gateway"].log_path.read_text())]
         assert any(n > 0 for n in resumed_after), "no stream was resumed mid-way"
+        health = httpx.get(f"{stack.http_url}/health", timeout=10)
+        assert health.status_code == 200  # one healthy replica is enough to serve
+        assert health.json()["verifiers"][stack.verifier_addresses[0]] == "unhealthy"
     finally:
         stack.restart("verifier-0")
 
