@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from verifier_service.spec_decode_log import SpecDecodeIntervalLog
+
 STEP_STAGES = ("schedule", "propose", "score", "verify", "update")
 _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -51,11 +53,13 @@ class VerifierMetricsExporter:
     `read_fallbacks` returns the drafter client's running total (0 without a drafter client).
     """
 
-    def __init__(self, metrics: VerifierMetrics, engine, read_fallbacks: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, metrics: VerifierMetrics, engine, read_fallbacks: Callable[[], int] = lambda: 0,
+                 interval_log: SpecDecodeIntervalLog | None = None) -> None:
         self._metrics = metrics
         self._engine = engine
         self._read_fallbacks = read_fallbacks
         self._exported_fallbacks = 0
+        self._interval_log = interval_log if interval_log is not None else SpecDecodeIntervalLog()
 
     def export(self) -> None:
         """Called on the engine thread after each step (and after aborts)."""
@@ -73,6 +77,7 @@ class VerifierMetricsExporter:
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
         metrics.step_tokens.observe(step.num_tokens)
         spec = step.spec_decoding
+        self._interval_log.observe(spec)
         if spec is not None and spec.num_drafts:
             metrics.num_drafts.inc(spec.num_drafts)
             metrics.num_draft_tokens.inc(spec.num_draft_tokens)
