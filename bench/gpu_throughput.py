@@ -7,6 +7,7 @@ Throughput = output tokens / wall time of the whole run (prefill included), as n
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -74,6 +75,8 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens) -> dict:
            "graphs": engine.runner.graphs is not None}
     print(json.dumps(row), flush=True)
     del engine
+    torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
+    gc.collect()
     torch.cuda.empty_cache()
     return row
 
