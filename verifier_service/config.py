@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from specd.options import VERIFIER_PORTS, ServiceOptions
 from specd.serving import ServerConfig, TlsConfig
+from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 
 
@@ -35,12 +36,23 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         metrics_port=VERIFIER_PORTS[1] if options.metrics_port is None else options.metrics_port,
         tls=tls,
     )
+    device = options.resolved_device()
     engine = EngineConfig(
-        model=options.model, device=options.resolved_device(), dtype=options.resolved_dtype(),
+        model=options.model, device=device, dtype=options.resolved_dtype(),
         num_speculative_tokens=options.num_speculative_tokens, max_model_len=options.max_model_len,
-        **({} if options.kv_cache_bytes is None else {"kv_cache_bytes": options.kv_cache_bytes}),
+        **_cache_layout(device, options.kv_cache_bytes),
     )
     # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.
     drafter_addr = None if options.drafter_addr.lower() in ("", "none") else options.drafter_addr
     return VerifierConfig(engine=engine, drafter_addr=drafter_addr, drafter_tls=drafter_tls, server=server,
                           max_waiting_requests=options.max_waiting_requests)
+
+
+def _cache_layout(device: str, kv_cache_bytes: int | None) -> dict:
+    """EngineConfig's KV settings for the device. On CUDA: blocks of 256 tokens (flash-attn's paged layout
+    needs a multiple of 256; with 16 the verifier falls back to the reference backend and no CUDA graphs)
+    and, unless --kv-cache-bytes says otherwise, a cache sized from free GPU memory (0)."""
+    layout = {"block_size": FLASH_BLOCK_SIZE, "kv_cache_bytes": 0} if device == "cuda" else {}
+    if kv_cache_bytes is not None:
+        layout["kv_cache_bytes"] = kv_cache_bytes
+    return layout
