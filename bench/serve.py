@@ -2,11 +2,12 @@
 
     python bench/serve.py                      # starts `specd up` on offset ports, then measures
     python bench/serve.py --addr HOST:PORT --verifier-metrics http://HOST:9461/metrics
+    python bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 8 --concurrency 1 32   # GPU
 
 For each concurrency level it runs the workload with speculation off and on and prints tokens/s,
 mean acceptance length (completion tokens / verifier steps), TTFT and per-token inter-token latency
-percentiles. At batch 1 it also runs Hugging Face `generate(prompt_lookup_num_tokens=...)` on the
-same model and prompts, and estimates what the gRPC hops cost: the client's time between messages
+percentiles. At batch 1 it also runs Hugging Face `generate`, plain and with
+`prompt_lookup_num_tokens`, on the same model, prompts and device, and estimates what the gRPC hops cost: the client's time between messages
 (one message per step at batch 1) against the verifier's own step time from its metrics.
 """
 from __future__ import annotations
@@ -96,32 +97,38 @@ def mean_step_seconds(metrics_url: str) -> tuple[float, float]:
     return seconds, steps
 
 
-def hf_prompt_lookup(model_path: str, prompts: list[str], max_tokens: int, lookup_tokens: int) -> RunResult:
-    """Hugging Face generate with prompt lookup decoding, batch 1, float32 on the CPU."""
+def hf_generate(model_path: str, prompts: list[str], max_tokens: int, lookup_tokens: int,
+                device: str = "cpu") -> list[RunResult]:
+    """Hugging Face generate at batch 1, plain and with prompt lookup decoding (float32 on the CPU, bfloat16
+    on CUDA, as the verifier's default dtype)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    result = RunResult(f"HF generate prompt_lookup_num_tokens={lookup_tokens}", 0.0)
-    with torch.inference_mode():  # the first generate pays one-off set-up; the stack was warmed too
-        model.generate(tokenizer(prompts[0], return_tensors="pt").input_ids, max_new_tokens=4, do_sample=False,
-                       prompt_lookup_num_tokens=lookup_tokens)
-    started = time.perf_counter()
-    for prompt in prompts:
-        input_ids = tokenizer(prompt, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            output = model.generate(input_ids, max_new_tokens=max_tokens, do_sample=False,
-                                    prompt_lookup_num_tokens=lookup_tokens)
-        result.completion_tokens += output.shape[1] - input_ids.shape[1]
-    result.wall_seconds = time.perf_counter() - started
-    return result
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    results = []
+    for lookup in (0, lookup_tokens):
+        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+        result = RunResult(f"HF generate {device}" + (f" prompt_lookup_num_tokens={lookup}" if lookup else ""), 0.0)
+        with torch.inference_mode():  # the first generate pays one-off set-up; the stack was warmed too
+            model.generate(tokenizer(prompts[0], return_tensors="pt").input_ids.to(device), max_new_tokens=4,
+                           do_sample=False, **extra)
+        started = time.perf_counter()
+        for prompt in prompts:
+            input_ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+            with torch.inference_mode():
+                output = model.generate(input_ids, max_new_tokens=max_tokens, do_sample=False, **extra)
+            result.completion_tokens += output.shape[1] - input_ids.shape[1]
+        result.wall_seconds = time.perf_counter() - started
+        results.append(result)
+    return results
 
 
-def start_stack(port_offset: int, k: int) -> subprocess.Popen:
+def start_stack(port_offset: int, k: int, device: str = "auto") -> subprocess.Popen:
     """`specd up` on offset ports; returns once it prints `specd: ready`."""
     argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
-            "--num-speculative-tokens", str(k)]
+            "--num-speculative-tokens", str(k), "--device", device]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     if process.stdout.readline().strip() != "specd: ready":
         process.kill()
@@ -149,6 +156,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--verifier-metrics", help="verifier /metrics URL (with --addr)")
     parser.add_argument("--port-offset", type=int, default=700, help="where to start the stack")
     parser.add_argument("--num-prompts", type=int, default=5)
+    parser.add_argument("--batch1-prompts", type=int, default=0,
+                        help="run concurrency 1 and HF generate on the first N prompts only (0 = all)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="the stack's --device; HF generate runs there too (cuda: bfloat16)")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
@@ -164,7 +175,7 @@ def main() -> None:
     print(f"workload: {len(prompts)} prompts from {source}; max_tokens {args.max_tokens}")
     stack = None
     if args.addr is None:
-        stack = start_stack(args.port_offset, args.num_speculative_tokens)
+        stack = start_stack(args.port_offset, args.num_speculative_tokens, args.device)
         args.addr = f"127.0.0.1:{GATEWAY_PORTS[0] + args.port_offset}"
         args.verifier_metrics = f"http://127.0.0.1:{VERIFIER_PORTS[1] + args.port_offset}/metrics"
     try:
@@ -176,8 +187,13 @@ def main() -> None:
     if not args.skip_hf:
         from specd.default_model import resolve_model_path
 
-        hf = hf_prompt_lookup(str(resolve_model_path(args.model)), prompts, args.max_tokens, args.hf_lookup_tokens)
-        results.append(hf)
+        import torch
+
+        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        hf_runs = hf_generate(str(resolve_model_path(args.model)), batch1_prompts(args, prompts), args.max_tokens,
+                              args.hf_lookup_tokens, device)
+        results += hf_runs
+        hf = hf_runs[-1]
         spec_batch1 = next(r for r in results if r.label.startswith(f"specd k={args.num_speculative_tokens} c=1"))
         print(f"batch 1: specd / HF prompt lookup = {spec_batch1.tokens_per_second / hf.tokens_per_second:.2f}x")
     print_table(results)
@@ -189,11 +205,17 @@ def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
     for concurrency in args.concurrency:
         for k in (0, args.num_speculative_tokens):
             before = mean_step_seconds(args.verifier_metrics) if args.verifier_metrics else None
-            result = asyncio.run(run_workload(args.addr, prompts, concurrency, args.max_tokens, k))
+            chosen = batch1_prompts(args, prompts) if concurrency == 1 else prompts
+            result = asyncio.run(run_workload(args.addr, chosen, concurrency, args.max_tokens, k))
             results.append(result)
             if before is not None and concurrency == 1:
                 report_hop_cost(result, before, mean_step_seconds(args.verifier_metrics))
     return results
+
+
+def batch1_prompts(args: argparse.Namespace, prompts: list[str]) -> list[str]:
+    """The prompts of batch-1 runs (fewer than the batched runs' when --batch1-prompts says so)."""
+    return prompts[:args.batch1_prompts] if args.batch1_prompts else prompts
 
 
 def report_hop_cost(result: RunResult, before: tuple[float, float], after: tuple[float, float]) -> None:

@@ -6,6 +6,7 @@ request where prompt-lookup drafts hit: the continuation copies long spans of th
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 
 
@@ -22,7 +23,22 @@ def _stdlib_codes() -> list[str]:
     import textwrap
 
     functions = [textwrap.dedent, textwrap.indent, shlex.split, shlex.quote, json.decoder.py_scanstring]
-    return [inspect.getsource(function) for function in functions]
+    codes = [inspect.getsource(function) for function in functions]
+    # Batch-32 runs need more distinct prompts: every other pure-Python function of a few modules, after the
+    # five above (so the first prompts stay the same).
+    for name in _MORE_MODULES:
+        module = importlib.import_module(name)
+        for _, function in inspect.getmembers(module, inspect.isfunction):
+            if function.__module__ == module.__name__ and function not in functions:
+                try:
+                    codes.append(inspect.getsource(function))
+                except OSError:  # no source file (frozen or generated)
+                    pass
+    return codes
+
+
+_MORE_MODULES = ("textwrap", "shlex", "fnmatch", "posixpath", "glob", "base64", "html", "colorsys", "calendar",
+                 "difflib", "copy", "ntpath", "configparser", "csv", "ipaddress", "email.utils", "urllib.parse")
 
 
 def code_samples() -> tuple[str, list[str]]:
