@@ -1,0 +1,106 @@
+"""Experimental verify-step attention in Triton (issue #6): one program per (sequence, KV head, KV split)
+packs the GQA group's query heads and the step's k+1 query tokens into one tile (group * (k+1) rows,
+padded to BLOCK_M), so every key and value is read once per KV head instead of once per query head and
+token as in FA2's varlen / with_kvcache paths. Paged KV in flash-attn's layout; uniform width per step.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt,
+                   H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, QLEN: tl.constexpr, GROUP: tl.constexpr,
+                   BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ctx = tl.load(CTX + b)
+    rows = tl.arange(0, BLOCK_M)
+    group, token = rows // QLEN, rows % QLEN
+    row_ok = rows < GROUP * QLEN
+    d = tl.arange(0, D)
+    q_rows = (b * QLEN + token) * H + kvh * GROUP + group
+    q = tl.load(Q + q_rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    query_pos = ctx - QLEN + token  # the step's tokens are the last QLEN of the context
+    split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, ctx)
+    m_i = tl.full([BLOCK_M], -1e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):  # BLOCK_N divides BS: a chunk never crosses a page
+        page = tl.load(BT + b * stride_bt + start // BS).to(tl.int64)
+        n = start + offs_n
+        kv = ((page * BS + n % BS) * KVH + kvh)[:, None] * D + d[None, :]
+        n_ok = n < hi
+        k = tl.load(K + kv, mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = n_ok[None, :] & (n[None, :] <= query_pos[:, None]) & row_ok[:, None]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + kv, mask=n_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(OUT + q_rows[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        base = ((b * KVH + kvh) * NUM_SPLITS + split) * BLOCK_M + rows
+        tl.store(O_PART + base[:, None] * D + d[None, :], out)
+        tl.store(LSE_PART + base, tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf")))
+
+
+@triton.jit
+def _combine_kernel(O_PART, LSE_PART, OUT, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
+                    QLEN: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    b, kvh = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    base = (b * KVH + kvh) * NUM_SPLITS
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        m = tl.maximum(m, tl.load(LSE_PART + (base + s) * BLOCK_M + rows))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    weight = tl.zeros([BLOCK_M], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        w = tl.math.exp2(tl.load(LSE_PART + (base + s) * BLOCK_M + rows) - m)
+        acc += w[:, None] * tl.load(O_PART + ((base + s) * BLOCK_M + rows)[:, None] * D + d[None, :])
+        weight += w
+    out = acc / tl.where(weight > 0, weight, 1.0)[:, None]
+    group, token = rows // QLEN, rows % QLEN
+    q_rows = (b * QLEN + token) * H + kvh * GROUP + group
+    tl.store(OUT + q_rows[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty), mask=(rows < GROUP * QLEN)[:, None])
+
+
+def verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, query_len: int, num_splits: int = 1,
+                     block_n: int = 64) -> torch.Tensor:
+    """query [batch * query_len, heads, head_dim] (each sequence's last query_len positions), caches
+    [num_blocks, block_size, kv_heads, head_dim], block_tables [batch, max_blocks] int32, context_lens [batch]
+    int32 -> [batch * query_len, heads, head_dim]; causal within the step."""
+    num_tokens, heads, head_dim = query.shape
+    batch, (_, block_size, kv_heads, _) = num_tokens // query_len, k_cache.shape
+    group = heads // kv_heads
+    block_m = max(16, triton.next_power_of_2(group * query_len))
+    out = torch.empty_like(query)
+    parts = lse = out  # unused when num_splits == 1
+    if num_splits > 1:
+        parts = torch.empty(batch * kv_heads * num_splits * block_m, head_dim, device=query.device, dtype=torch.float32)
+        lse = torch.empty(batch * kv_heads * num_splits * block_m, device=query.device, dtype=torch.float32)
+    _verify_kernel[(batch, kv_heads, num_splits)](
+        query, k_cache, v_cache, block_tables, context_lens, out, parts, lse, scale * LOG2E, block_tables.stride(0),
+        H=heads, KVH=kv_heads, D=head_dim, QLEN=query_len, GROUP=group, BS=block_size, BLOCK_M=block_m,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, num_warps=4, num_stages=3)
+    if num_splits > 1:
+        _combine_kernel[(batch, kv_heads)](parts, lse, out, H=heads, KVH=kv_heads, D=head_dim, QLEN=query_len,
+                                           GROUP=group, BLOCK_M=block_m, NUM_SPLITS=num_splits, num_warps=4)
+    return out
