@@ -1,0 +1,23 @@
+"""CONTRACT.md's metric names, written out literally, are what the services expose (pinned here so a
+rename in tests/support/specd_metrics.py cannot drift from the public surface unnoticed)."""
+from support.specd_metrics import all_series_names
+
+CONTRACT_SAMPLE_NAMES = {
+    # verifier
+    "specd_spec_decode_num_drafts_total", "specd_spec_decode_num_draft_tokens_total",
+    "specd_spec_decode_num_accepted_tokens_total", "specd_spec_decode_num_emitted_tokens_total",
+    "specd_spec_decode_num_accepted_tokens_per_pos_total", "specd_step_stage_seconds_bucket",
+    "specd_step_tokens_bucket", "specd_num_requests_running", "specd_num_requests_waiting",
+    "specd_kv_cache_usage_ratio", "specd_num_preemptions_total", "specd_drafter_fallbacks_total",
+    # gateway
+    "specd_time_to_first_token_seconds_bucket", "specd_inter_token_latency_seconds_bucket",
+    "specd_e2e_request_latency_seconds_bucket", "specd_request_queue_time_seconds_bucket",
+    "specd_prompt_tokens_total", "specd_generation_tokens_total", "specd_requests_total",
+    "specd_request_errors_total",
+    # drafter
+    "specd_drafter_propose_seconds_bucket", "specd_drafter_sequences", "specd_drafter_proposed_tokens_total",
+}
+
+
+def test_every_contract_metric_is_among_the_pinned_families():
+    assert CONTRACT_SAMPLE_NAMES <= all_series_names()
