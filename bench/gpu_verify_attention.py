@@ -1,5 +1,5 @@
 """Verify-step attention against the KV-read floor (issue #6): paged FA2 (varlen and with_kvcache) and the
-experimental GQA-packed Triton kernel (bench/verify_attention_triton.py), each checked against the reference
+GQA-packed Triton kernel (verifier_service/attention/triton_verify.py), each checked against the reference
 backend in float32, timed as CUDA-graph replays of 20 calls.
 
 Usage: python bench/gpu_verify_attention.py [--batch 32] [--context 2048] [--query-len 5]
@@ -96,7 +96,7 @@ def main() -> None:
                 block_table=md.block_tables, softmax_scale=scale, causal=True).view(query.shape),
         }
         try:
-            from verify_attention_triton import verify_attention
+            from verifier_service.attention.triton_verify import verify_attention
 
             for splits in (1, 2, 4, 8):
                 kernels[f"Triton GQA-packed s={splits}"] = (

@@ -1,8 +1,11 @@
 """Paged attention through flash-attn 2 (CUDA, float16 / bfloat16, block_size a multiple of 256).
 
-Two kernels, both reading K/V straight from the paged cache through `block_table`:
-- `flash_attn_with_kvcache` when every sequence feeds the same number of query tokens (all decoding,
-  or all verifying the same number of drafts): q is reshaped to [batch, query_len, heads, head_dim].
+Three kernels, all reading K/V straight from the paged cache through `block_table`:
+- the Triton GQA-packed kernel (triton_verify.py) when every sequence feeds the same number > 1 of query
+  tokens (all verifying k drafts: the CUDA-graph verify path): ~2.7x FA2 there, since it reads each key
+  once per KV head instead of once per query head. Used when triton imports and the shapes fit it.
+- `flash_attn_with_kvcache` for the other uniform steps (all decoding one token, where FA2 is at the
+  KV-read floor): q is reshaped to [batch, query_len, heads, head_dim].
 - `flash_attn_varlen_func` otherwise (prompt chunks mixed with verify tokens), with cu_seqlens_q over
   the flattened queries and cu_seqlens_k over the sequences' context lengths.
 With causal=True both align the mask to the bottom-right corner, so the query at position p of a
@@ -10,6 +13,8 @@ sequence with context_len keys sees keys [0, p], which is exactly our causal rul
 New keys and values are written with a plain index_copy_ beforehand, as the reference backend does.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -22,6 +27,18 @@ except ImportError:  # flash-attn is optional: select_backend only picks this ba
     flash_attn_varlen_func = flash_attn_with_kvcache = None
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+TRITON_VERIFY_ENV = "SPECD_TRITON_VERIFY"  # "0" keeps FA2 for verify steps (to compare before / after)
+
+
+def _load_triton_verify():
+    """The triton_verify module, or None without triton (CPU machines never import it: it is lazy)."""
+    if os.environ.get(TRITON_VERIFY_ENV, "1") == "0":
+        return None
+    try:
+        from verifier_service.attention import triton_verify
+    except ImportError:
+        return None
+    return triton_verify
 
 
 class FlashAttentionBackend:
@@ -33,6 +50,8 @@ class FlashAttentionBackend:
         if flash_attn_varlen_func is None:
             raise RuntimeError("flash-attn is not importable; use the reference backend")
         self._writer = ReferenceAttentionBackend()
+        self._triton = _load_triton_verify()
+        self._splits: dict[tuple[int, int], int] = {}  # (batch, kv_heads) -> KV splits of the Triton kernel
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  metadata: AttentionMetadata) -> None:
@@ -43,6 +62,9 @@ class FlashAttentionBackend:
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
         if metadata.uniform_query_len:
+            width = metadata.max_seqlen_q
+            if self._triton is not None and self._triton.supports(query, k_cache, width):
+                return self._verify(query, k_cache, v_cache, metadata, scale)
             batched = query.view(metadata.batch_size, metadata.max_seqlen_q, *query.shape[1:])
             out = flash_attn_with_kvcache(
                 batched, k_cache, v_cache, cache_seqlens=metadata.context_lens,
@@ -53,3 +75,13 @@ class FlashAttentionBackend:
             cu_seqlens_q=metadata.cu_seqlens_q, cu_seqlens_k=metadata.cu_seqlens_k,
             max_seqlen_q=metadata.max_seqlen_q, max_seqlen_k=metadata.max_seqlen_k,
             softmax_scale=scale, causal=True, block_table=metadata.block_tables)
+
+    def _verify(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        """query [batch * width, heads, head_dim] -> same shape, through the Triton GQA-packed kernel."""
+        shape = (metadata.batch_size, k_cache.shape[2])
+        if shape not in self._splits:
+            self._splits[shape] = self._triton.choose_splits(*shape, query.device)
+        return self._triton.verify_attention(
+            query, k_cache, v_cache, metadata.block_tables, metadata.context_lens, scale,
+            metadata.max_seqlen_q, num_splits=self._splits[shape])

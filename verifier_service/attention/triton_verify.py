@@ -1,7 +1,19 @@
-"""Experimental verify-step attention in Triton (issue #6): one program per (sequence, KV head, KV split)
-packs the GQA group's query heads and the step's k+1 query tokens into one tile (group * (k+1) rows,
-padded to BLOCK_M), so every key and value is read once per KV head instead of once per query head and
-token as in FA2's varlen / with_kvcache paths. Paged KV in flash-attn's layout; uniform width per step.
+"""Verify-step attention in Triton (issue #6), used by the flash backend for uniform-width steps of >1 token.
+
+A verify step feeds every sequence the same k + 1 query tokens (the last sampled token and k drafts),
+which are the last k + 1 positions of its context. FA2 reads each key and value once per query head
+(and pads the k + 1 rows to its 64/128-row tile), so at k = 4 it reaches ~28% of the KV-read floor.
+Here one program per (sequence, KV head, KV split) packs the GQA group's query heads x the k + 1 tokens
+into one tile (group * (k + 1) rows, padded to BLOCK_M >= 16), so every key and value is read once per
+KV head: ~78% of the floor at batch 32, L = 2048, k = 4 on an H200 (docs/BENCHMARKS.md).
+
+Online softmax in float32 (log2 units), causal within the step: the token at row t sits at position
+context_len - query_len + t and sees keys [0, that position]. With num_splits > 1 each program covers one
+slice of the context and writes a partial output and log-sum-exp; a small combine kernel merges them,
+which fills the GPU when batch * kv_heads is small. Sequences with context_len 0 (none) give zeros.
+KV cache layout: flash-attn's paged one, [num_blocks, block_size, kv_heads, head_dim], contiguous;
+head_dim a power of two; block_size a multiple of block_n (a chunk of keys never crosses a page).
+Importing this module needs triton; the flash backend imports it lazily and falls back to FA2 without it.
 """
 from __future__ import annotations
 
@@ -10,12 +22,16 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+MAX_TILE_ROWS = 128  # group * query_len above this is a prefill chunk, not a verify step: FA2 handles it
 
 
 @triton.jit
 def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt,
                    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, QLEN: tl.constexpr, GROUP: tl.constexpr,
                    BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    # Q, OUT [B * QLEN, H, D]; K, V [blocks, BS, KVH, D]; BT [B, max_blocks]; CTX [B];
+    # O_PART [B * KVH * NUM_SPLITS * BLOCK_M, D] f32, LSE_PART [B * KVH * NUM_SPLITS * BLOCK_M] f32 (splits only).
+    # Row r of the tile is query head kvh * GROUP + r // QLEN at step token r % QLEN.
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(CTX + b)
     rows = tl.arange(0, BLOCK_M)
@@ -61,6 +77,7 @@ def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt,
 @triton.jit
 def _combine_kernel(O_PART, LSE_PART, OUT, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
                     QLEN: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    # Merges the NUM_SPLITS partial outputs of (sequence b, KV head kvh), weighted by exp2(lse - max lse).
     b, kvh = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D)
@@ -87,6 +104,7 @@ def verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """query [batch * query_len, heads, head_dim] (each sequence's last query_len positions), caches
     [num_blocks, block_size, kv_heads, head_dim], block_tables [batch, max_blocks] int32, context_lens [batch]
     int32 -> [batch * query_len, heads, head_dim]; causal within the step."""
+    query = query.contiguous()
     num_tokens, heads, head_dim = query.shape
     batch, (_, block_size, kv_heads, _) = num_tokens // query_len, k_cache.shape
     group = heads // kv_heads
@@ -104,3 +122,26 @@ def verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         _combine_kernel[(batch, kv_heads)](parts, lse, out, H=heads, KVH=kv_heads, D=head_dim, QLEN=query_len,
                                            GROUP=group, BLOCK_M=block_m, NUM_SPLITS=num_splits, num_warps=4)
     return out
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor, query_len: int, block_n: int = 64) -> bool:
+    """Whether verify_attention handles this step: CUDA half precision, contiguous paged cache,
+    head_dim a power of two, block_size a multiple of block_n, and 2 to MAX_TILE_ROWS / group query tokens per
+    sequence (a verify step; a uniform prefill chunk would make the tile too large)."""
+    head_dim, block_size = k_cache.shape[-1], k_cache.shape[1]
+    group = query.shape[1] // k_cache.shape[2]
+    return (1 < query_len and group * query_len <= MAX_TILE_ROWS
+            and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+            and k_cache.dtype == query.dtype and k_cache.is_contiguous()
+            and head_dim >= 16 and head_dim & (head_dim - 1) == 0 and block_size % block_n == 0)
+
+
+def choose_splits(batch: int, kv_heads: int, device: torch.device) -> int:
+    """KV splits per (sequence, KV head): 1 once those programs fill the SMs, else a power of two up to 16.
+
+    Depends only on shapes, never on context lengths, so a CUDA graph captures one fixed launch."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    splits = 1
+    while splits < 16 and batch * kv_heads * splits * 2 <= sms:
+        splits *= 2
+    return splits
