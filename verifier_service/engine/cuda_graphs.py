@@ -78,7 +78,8 @@ class GraphedSteps:
         return self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
 
     def _metadata(self, batch: int, width: int) -> AttentionMetadata:
-        """Views of the static buffers; uniform width, so flash-attn takes its with_kvcache path."""
+        """Views of the static buffers; uniform width, so the flash backend takes its uniform path
+        (FA2 with_kvcache for width 1, the Triton GQA-packed verify kernel for k + 1)."""
         cu_q = torch.arange(0, (batch + 1) * width, width, dtype=torch.int32, device=self.device)
         return AttentionMetadata(
             slot_mapping=self._slots[:batch * width], cu_seqlens_q=cu_q, cu_seqlens_k=cu_q,
