@@ -2,7 +2,7 @@
 
 Per step: flatten the batch into input_ids / positions, compute each token's cache slot
 (slot = block_table[pos // block_size] * block_size + pos % block_size), build the attention metadata
-on the CPU and copy it to the device once, run the model inside the attention context, and apply the
+and the token tensors on the CPU and copy them to the device (no host sync), run the model inside the attention context, and apply the
 LM head only to the rows whose logits the batch asks for (each request's last `num_logits` tokens).
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ class ModelRunner:
             for request in batch.requests:
                 self._check(request)
             return self.graphs.run(batch, shape)
-        input_ids, positions, slots, logit_rows = [], [], [], []
+        input_ids, positions, slots, logit_rows = [], [], [], []  # flattened over the batch
         for request in batch.requests:
             self._check(request)
             first_row = len(input_ids)
@@ -116,11 +116,14 @@ class ModelRunner:
             query_lens=[r.num_tokens for r in batch.requests], context_lens=[r.context_len for r in batch.requests],
             block_tables=[r.block_table for r in batch.requests], slot_mapping=slots,
             block_size=self.block_size, device=self.device)
+        # One host-to-device copy for the token ids, their positions and the rows that need logits.
+        packed = self._to_device(input_ids + positions + logit_rows)
+        token_tensor, position_tensor, row_tensor = packed.split([len(input_ids), len(positions), len(logit_rows)])
         with attention_context(metadata):
-            hidden = self.model(self._tensor(input_ids), self._tensor(positions))  # [num_tokens, hidden_size]
+            hidden = self.model(token_tensor, position_tensor)  # [num_tokens, hidden_size]
         if not logit_rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        return self.model.compute_logits(hidden[self._tensor(logit_rows)]).float()
+        return self.model.compute_logits(hidden[row_tensor]).float()
 
     def warm_up(self) -> None:
         """Runs a prefill chunk, then a verify step with drafts, so first requests meet no one-time costs.
@@ -139,8 +142,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """int64 tensor on the device; pinned on CUDA so the copy does not wait for the host."""
+        pinned = self.device.type == "cuda"
+        return torch.tensor(values, dtype=torch.int64, pin_memory=pinned).to(self.device, non_blocking=True)
 
     def _check(self, request: ScheduledRequest) -> None:
         """Bad scheduling surfaces as a clear error naming the field, not as a wrong answer."""
