@@ -12,5 +12,4 @@ from support.stack import Stack
 def stack():
     stack = Stack(num_verifiers=2).start()
     yield stack
-    exit_codes = stack.stop()
-    assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{stack.logs()}"
+    stack.stop_cleanly()

@@ -1,5 +1,8 @@
 """The reliability folder's shared stack (support/small_stack.py): a tiny-KV verifier and a gateway."""
+import grpc
 import pytest
+
+from specd.v1 import gateway_pb2_grpc
 
 from support.small_stack import small_stack as build_small_stack
 
@@ -8,5 +11,11 @@ from support.small_stack import small_stack as build_small_stack
 def small_stack():
     stack = build_small_stack().start()
     yield stack
-    exit_codes = stack.stop()
-    assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{stack.logs()}"
+    stack.stop_cleanly()
+
+
+@pytest.fixture(scope="module")
+def gateway(small_stack):
+    """A gRPC Gateway stub on the shared small stack."""
+    with grpc.insecure_channel(small_stack.gateway_address) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)

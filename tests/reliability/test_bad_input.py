@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from support.small_stack import CONTEXT, VOCAB_SIZE as VOCAB
-from specd.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specd.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from support.e2e_clients import generate
 
 LONG_PROMPT = "word " * (CONTEXT + 10)
@@ -50,12 +50,6 @@ HTTP_CASES = [
     ({"model": "gpt-5", "prompt": "Hi"}, "model"),
     ({"prompt": "Hi"}, "model"),
 ]
-
-
-@pytest.fixture(scope="module")
-def gateway(small_stack):
-    with grpc.insecure_channel(small_stack.gateway_address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
 
 
 @pytest.fixture(scope="module")

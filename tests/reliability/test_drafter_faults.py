@@ -34,8 +34,7 @@ def load_soak():
 def stack():
     stack = Stack(num_verifiers=1).start()
     yield stack
-    exit_codes = stack.stop()
-    assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{stack.logs()}"
+    stack.stop_cleanly()
 
 
 def verifier_metric(stack, name: str, **labels) -> float:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specd.v1 import gateway_pb2, gateway_pb2_grpc
+from specd.v1 import gateway_pb2
 from support.e2e_clients import generate
 from support.small_stack import CONTEXT, VOCAB_SIZE
 
@@ -43,12 +43,6 @@ HTTP_BODY = st.fixed_dictionaries({"max_tokens": st.one_of(MAX_TOKENS, JSON_VALU
     "n": JSON_VALUE, "num_speculative_tokens": st.one_of(INT32, JSON_VALUE),
     "stream_options": JSON_VALUE, "messages": JSON_VALUE,
 })
-
-
-@pytest.fixture(scope="module")
-def gateway(small_stack):
-    with grpc.insecure_channel(small_stack.gateway_address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
 
 
 @pytest.fixture(scope="module")

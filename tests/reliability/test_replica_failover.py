@@ -25,8 +25,7 @@ MAX_TOKENS = 32
 def stack():
     stack = Stack(num_verifiers=2, with_drafter=False).start()
     yield stack
-    exit_codes = stack.stop()
-    assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{stack.logs()}"
+    stack.stop_cleanly()
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,7 @@ def stack(authority, client_tls):
     stack = Stack(num_verifiers=1, client_tls=client_tls,
                   extra_args=("--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, *tls_args)).start()
     yield stack
-    exit_codes = stack.stop()
-    assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{stack.logs()}"
+    stack.stop_cleanly()
 
 
 def grpc_generate(stack, tls: TlsConfig | None, prompt: str, key: str | None = API_KEY, max_tokens: int = 16):

@@ -205,5 +205,10 @@ class Stack:
         """SIGTERM to gateway, verifiers, drafter in that order; returns each exit code."""
         return {name: service.stop() for name, service in reversed(list(self.services.items()))}
 
+    def stop_cleanly(self) -> None:
+        """stop(), then fail (with the logs) unless every service exited 0: an unclean stop is a bug."""
+        exit_codes = self.stop()
+        assert all(code == 0 for code in exit_codes.values()), f"unclean stop {exit_codes}\n{self.logs()}"
+
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{_tail(s.log_path)}" for name, s in self.services.items())
