@@ -1,12 +1,14 @@
 """Drafter latency: server-side propose time per batch, and the verifier client's round trip.
 
     .venv/bin/python bench/drafter.py [--steps 200] [--batches 1,64,256] [--contexts 4096,32768]
+                                      [--store native|python]
 
 Every sequence holds a context of the given length (random ids over the default model's vocabulary
 that keep copying earlier spans, see Workload); each step appends 1 to 4 accepted tokens per
 sequence and asks for 4 drafts, as a verifier step does.
 
-- server: DrafterSession.step on a decoded batch (the domain work; wall time, and the thread's CPU
+- server: DrafterSession.step on a decoded batch, on the sequence store --store names (default: the
+  native one when built, as the drafter itself picks; see drafter_service/stores.py) (the domain work; wall time, and the thread's CPU
   time, which leaves out time spent waiting for a core on a shared machine), and the whole handler
   body (protobuf -> domain -> step -> protobuf), in this process, per batch.
 - round trip: DrafterClient.propose() against a drafter in its own process over loopback gRPC,
@@ -16,6 +18,7 @@ The first step, which carries whole contexts, is reported separately (sync) and 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import subprocess
@@ -27,11 +30,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from drafter_service import convert  # noqa: E402
 from drafter_service.config import DrafterConfig  # noqa: E402
-from drafter_service.drafter import Drafter, ProposeBatch, SequenceDelta  # noqa: E402
+from drafter_service.drafter import Drafter  # noqa: E402
+from drafter_service.stores import resolve_backend  # noqa: E402
 from support.drafter_servers import free_port, wait_until_serving  # noqa: E402
 from verifier_service.drafter_client import DrafterClient  # noqa: E402
 from verifier_service.engine.proposer import DraftRequest  # noqa: E402
-from verifier_service.drafter_client import _Delta, _Step, _step_to_pb  # noqa: E402
+from verifier_service.drafter_client import _Step, _step_to_pb  # noqa: E402
 
 VOCAB = 49152
 NUM_DRAFT_TOKENS = 4
@@ -73,17 +77,17 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
     return quantiles[49] * 1e3, quantiles[89] * 1e3, quantiles[98] * 1e3
 
 
-def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random) -> dict:
-    session = Drafter(DrafterConfig(max_tokens_held=10**9)).open_session()
+def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random, store: str) -> dict:
+    session = Drafter(DrafterConfig(max_tokens_held=10**9), store).open_session()
     workload = Workload(num_sequences, length, rng)
     contexts = workload.contexts
     sent = [0] * num_sequences
     domain, domain_cpu, handler, proposed = [], [], [], 0
     for step in range(steps + 1):
         requests = [DraftRequest(str(i), t, NUM_DRAFT_TOKENS) for i, t in enumerate(contexts)]
-        deltas = [_Delta(r, sent[i], len(r.token_ids)) for i, r in enumerate(requests)]
-        sent = [len(t) for t in contexts]
-        message = _step_to_pb(_Step(step + 1, deltas, ()))  # exactly what the client sends
+        ends = [len(t) for t in contexts]
+        message = _step_to_pb(_Step(step + 1, requests, sent, ends))  # exactly what the client sends
+        sent = ends
         started = time.perf_counter()
         batch = convert.batch_from_pb(message)
         decoded, decoded_cpu = time.perf_counter(), time.thread_time()
@@ -105,11 +109,11 @@ def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random
             "hit": proposed / (steps * num_sequences * NUM_DRAFT_TOKENS)}
 
 
-def start_drafter(port: int) -> subprocess.Popen:
+def start_drafter(port: int, store: str) -> subprocess.Popen:
     code = ("from drafter_service.server import run; from drafter_service.config import DrafterConfig; "
             f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, env={**os.environ, "SPECD_DRAFTER_STORE": store})
     wait_until_serving(f"127.0.0.1:{port}")
     return process
 
@@ -145,24 +149,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--contexts", default="4096,32768")
+    parser.add_argument("--store", default=resolve_backend(), choices=("native", "python"))
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     rng = random.Random(0)
 
-    print("server side, per batch (ms; p50 / p90 / p99)")
+    print(f"server side, per batch, {args.store} store (ms; p50 / p90 / p99)")
     print(f"{'seqs':>5} {'context':>8} {'first sync':>11} {'propose (domain)':>24} "
           f"{'propose CPU time':>24} {'handler (with protobuf)':>24} {'draft hit':>9}")
     for length in contexts:
         for num_sequences in batches:
-            r = bench_server(num_sequences, length, args.steps, rng)
+            r = bench_server(num_sequences, length, args.steps, rng, args.store)
             print(f"{num_sequences:>5} {length:>8} {r['sync'] * 1e3:>9.1f}ms "
                   f"{'%.3f / %.3f / %.3f' % r['domain']:>24} {'%.3f / %.3f / %.3f' % r['domain_cpu']:>24} "
                   f"{'%.3f / %.3f / %.3f' % r['handler']:>24} "
                   f"{r['hit']:>9.2f}")
 
     port = free_port()
-    process = start_drafter(port)
+    process = start_drafter(port, args.store)
     try:
         print("\nclient round trip (DrafterClient.propose over loopback, drafter in its own process; ms)")
         print(f"{'seqs':>5} {'context':>8} {'first sync':>11} {'p50 / p90 / p99':>24} {'fallbacks':>9}")

@@ -1,62 +1,32 @@
 """The drafter's domain: a batch of sequence deltas in, a batch of drafts out, per verifier stream.
 
 Sequence ids are unique only within one verifier's stream (many verifiers may share a drafter), so
-each stream gets a `DrafterSession` that namespaces its ids in the shared `SequenceStore` and forgets
-all of them when the stream ends (the verifier re-syncs everything on a new stream anyway).
+each stream gets a `DrafterSession` whose number namespaces its ids in the shared sequence store, and
+which forgets all of them when the stream ends (the verifier re-syncs everything on a new stream anyway).
+The store is native (C++) when built, else Python: drafter_service/stores.py chooses.
 """
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import logging
 
+from drafter_service.batch import DraftBatch, ProposeBatch
 from drafter_service.config import DrafterConfig
-from drafter_service.state import SequenceStore
+from drafter_service.stores import new_sequence_store, resolve_backend
 
-
-@dataclass(slots=True)  # built per sequence per step: slots, not frozen, for speed
-class SequenceDelta:
-    """What a verifier step tells the drafter about one sequence (see protos/specd/v1/drafter.proto)."""
-
-    sequence_id: str
-    start: int  # length the sender believes the drafter holds; 0 = new_token_ids is the whole context
-    new_token_ids: Sequence[int]
-    num_draft_tokens: int  # 0 only updates state
-    min_ngram: int = 0  # 0 = the drafter's default
-    max_ngram: int = 0
-
-
-@dataclass(slots=True)
-class ProposeBatch:
-    step_id: int
-    sequences: Sequence[SequenceDelta]
-    released_sequence_ids: Sequence[str] = ()
-
-
-@dataclass(slots=True)  # built per sequence per step: slots, not frozen, for speed
-class SequenceDraft:
-    sequence_id: str
-    draft_token_ids: list[int]
-    resync: bool = False  # the drafter does not hold this context: send it whole (start = 0) next time
-
-
-@dataclass(slots=True)
-class DraftBatch:
-    step_id: int
-    drafts: list[SequenceDraft] = field(default_factory=list)  # one per request sequence, in order
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return sum(len(d.draft_token_ids) for d in self.drafts)
+logger = logging.getLogger(__name__)
 
 
 class Drafter:
     """The shared store of every stream's sequences, and the service defaults."""
 
-    def __init__(self, config: DrafterConfig) -> None:
+    def __init__(self, config: DrafterConfig, store_backend: str | None = None) -> None:
+        """`store_backend`: "native" or "python"; None = native when built (stores.resolve_backend)."""
         self.config = config
-        self.store = SequenceStore(config.max_ngram, config.max_tokens_held)
+        self.store_backend = resolve_backend(store_backend)
+        self.store = new_sequence_store(config.max_ngram, config.max_tokens_held, self.store_backend)
         self._session_numbers = itertools.count()
+        logger.info("drafter: %s sequence store", self.store_backend)
 
     def open_session(self) -> DrafterSession:
         """A namespace for one verifier stream's sequence ids."""
@@ -64,34 +34,22 @@ class Drafter:
 
 
 class DrafterSession:
-    """One verifier stream: applies its deltas and proposes, in request order."""
+    """One verifier stream: applies its batches in request order."""
 
     def __init__(self, drafter: Drafter, number: int) -> None:
         self._drafter = drafter
         self._number = number
-        self._sequence_ids: set[str] = set()
 
     def step(self, batch: ProposeBatch) -> DraftBatch:
-        """Release, then update and propose for every sequence of the batch."""
+        """Release, then update and propose for every sequence of the (checked) batch, in order."""
         store = self._drafter.store
-        for sequence_id in batch.released_sequence_ids:
-            store.release((self._number, sequence_id))
-            self._sequence_ids.discard(sequence_id)
-        return DraftBatch(batch.step_id, [self._propose(delta) for delta in batch.sequences])
+        store.release_sequences(self._number, batch.released_sequence_ids)
+        return store.propose_batch(self._number, batch, self._drafter.config)
 
-    def _propose(self, delta: SequenceDelta) -> SequenceDraft:
-        self._sequence_ids.add(delta.sequence_id)
-        index = self._drafter.store.apply((self._number, delta.sequence_id), delta.start,
-                                          delta.new_token_ids)
-        if index is None:
-            return SequenceDraft(delta.sequence_id, [], resync=True)
-        config = self._drafter.config
-        draft = index.propose(min(delta.num_draft_tokens, config.max_draft_tokens),
-                              delta.min_ngram or config.min_ngram, delta.max_ngram or config.max_ngram)
-        return SequenceDraft(delta.sequence_id, draft)
+    def held_tokens(self, sequence_id: str) -> list[int] | None:
+        """The context the drafter holds for one of this stream's sequences (None if none)."""
+        return self._drafter.store.held_tokens(self._number, sequence_id)
 
     def close(self) -> None:
         """Forget every sequence of this stream."""
-        for sequence_id in self._sequence_ids:
-            self._drafter.store.release((self._number, sequence_id))
-        self._sequence_ids.clear()
+        self._drafter.store.release_session(self._number)

@@ -32,7 +32,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 drafts = session.step(convert.batch_from_pb(request))
                 response = convert.drafts_to_pb(drafts)
                 self._on_step(StepStats(seconds=time.perf_counter() - started,
-                                        num_sequences=len(drafts.drafts),
+                                        num_sequences=len(drafts.draft_counts),
                                         proposed_tokens=drafts.num_draft_tokens,
                                         sequences_held=len(self._drafter.store)))
                 if self._inject_delay_seconds:

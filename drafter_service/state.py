@@ -8,12 +8,18 @@ be brought back in step by resending.
 
 Memory is bounded by the total number of tokens held; when a new token would exceed it, the least
 recently used sequences are dropped (they will simply be re-synced if they come back).
+
+This is the reference implementation and the fallback of the native store (native_store.cpp, same
+rules, one call per batch); drafter_service/stores.py chooses between them.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 
+from drafter_service.batch import DraftBatch, ProposeBatch
+from drafter_service.config import DrafterConfig
 from drafter_service.ngram import NgramIndex
 
 
@@ -59,6 +65,42 @@ class SequenceStore:
         index = self._indexes.pop(key, None)
         if index is not None:
             self.total_tokens -= len(index)
+
+    def propose_batch(self, session: int, batch: ProposeBatch, config: DrafterConfig) -> DraftBatch:
+        """Apply every delta of a (checked) batch and propose, in order; keys are (session, sequence id)."""
+        counts: list[int] = []
+        drafts: list[int] = []
+        resync: list[str] = []
+        tokens, position = batch.new_token_ids, 0
+        columns = zip(batch.sequence_ids, batch.starts, batch.new_token_counts, batch.num_draft_tokens,
+                      batch.min_ngrams or repeat(0), batch.max_ngrams or repeat(0))
+        for sequence_id, start, count, k, min_ngram, max_ngram in columns:
+            index = self.apply((session, sequence_id), start, tokens[position:position + count])
+            position += count
+            if index is None:
+                resync.append(sequence_id)
+                counts.append(0)
+                continue
+            draft = index.propose(min(k, config.max_draft_tokens), min_ngram or config.min_ngram,
+                                  max_ngram or config.max_ngram)
+            counts.append(len(draft))
+            drafts.extend(draft)
+        return DraftBatch(batch.step_id, counts, drafts, resync)
+
+    def release_sequences(self, session: int, sequence_ids: Sequence[str]) -> None:
+        """Forget some of a session's sequences."""
+        for sequence_id in sequence_ids:
+            self.release((session, sequence_id))
+
+    def release_session(self, session: int) -> None:
+        """Forget every sequence of a session (its stream closed)."""
+        for key in [k for k in self._indexes if isinstance(k, tuple) and k[0] == session]:
+            self.release(key)
+
+    def held_tokens(self, session: int, sequence_id: str) -> list[int] | None:
+        """The context held for a session's sequence (None if not held)."""
+        index = self._indexes.get((session, sequence_id))
+        return None if index is None else list(index.tokens)
 
     def _evict_beyond_budget(self) -> None:
         """Drop least recently used sequences until the budget holds (the one just used goes last)."""

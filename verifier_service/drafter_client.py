@@ -1,6 +1,6 @@
 """The engine's Proposer over the drafter's batched bidirectional stream (specd.v1.Drafter/Propose).
 
-Each `propose()` sends one ProposeRequest carrying every sequence's delta (start = tokens already
+Each `propose()` sends one (columnar) ProposeRequest carrying every sequence's delta (start = tokens already
 sent on this stream, new_token_ids = the rest; start = 0 with the whole context on first sight,
 after a resync answer, or on a new stream) and waits at most `timeout_s` for the reply with its
 step_id. Whatever goes wrong (drafter down, late, erroring, stream broken) the step gets no drafts
@@ -39,32 +39,44 @@ _STREAM_ENDED = object()  # put on the reply queue when a stream breaks, so a wa
 
 
 @dataclass(frozen=True)
-class _Delta:
-    request: DraftRequest
-    start: int  # tokens of request.token_ids the drafter already holds
-    end: int  # context length at this step (token_ids may grow after propose() returns)
-
-
-@dataclass(frozen=True)
 class _Step:
+    """One ProposeRequest to send, as columns over `requests` (what the request consumer turns into protobuf)."""
+
     step_id: int
-    deltas: Sequence[_Delta]
-    released_ids: Sequence[str]
+    requests: Sequence[DraftRequest]
+    starts: Sequence[int]  # per request: tokens of token_ids the drafter already holds
+    ends: Sequence[int]  # per request: context length at this step (token_ids may grow after propose())
+    released_ids: Sequence[str] = ()
 
 
 def _step_to_pb(step: _Step) -> drafter_pb2.ProposeRequest:
+    """The columnar ProposeRequest of a step (protos/specd/v1/drafter.proto)."""
+    requests = step.requests
+    new_token_ids: list[int] = []
+    for request, start, end in zip(requests, step.starts, step.ends):
+        new_token_ids += request.token_ids[start:end]
     return drafter_pb2.ProposeRequest(
         step_id=step.step_id,
-        sequences=[
-            drafter_pb2.SequenceDelta(
-                sequence_id=d.request.request_id, start=d.start,
-                new_token_ids=d.request.token_ids[d.start:d.end],
-                num_draft_tokens=d.request.num_draft_tokens,
-                min_ngram=d.request.min_ngram, max_ngram=d.request.max_ngram)
-            for d in step.deltas
-        ],
         released_sequence_ids=step.released_ids,
+        sequence_ids=[r.request_id for r in requests],
+        starts=step.starts,
+        new_token_counts=[end - start for start, end in zip(step.starts, step.ends)],
+        new_token_ids=new_token_ids,
+        num_draft_tokens=[r.num_draft_tokens for r in requests],
+        min_ngrams=[r.min_ngram for r in requests],
+        max_ngrams=[r.max_ngram for r in requests],
     )
+
+
+def _drafts_from_pb(requests: Sequence[DraftRequest], reply: drafter_pb2.ProposeResponse) -> dict[str, list[int]]:
+    """Drafts per request id from a reply's columns (requests in the order they were sent)."""
+    tokens = list(reply.draft_token_ids)
+    drafts, position = {}, 0
+    for request, count in zip(requests, reply.draft_counts):
+        if count:
+            drafts[request.request_id] = tokens[position:position + count]
+            position += count
+    return drafts
 
 
 class _Stream:
@@ -127,22 +139,21 @@ class DrafterClient:
             self.num_fallbacks += wanted
             return {}
         self._step_id += 1
-        step = _Step(self._step_id, [self._delta(r) for r in requests], ())
-        stream.outbox.put(step)
+        stream.outbox.put(self._step(self._step_id, requests))
         if not wanted:
             return {}
-        reply = self._await_reply(stream.generation, step.step_id, deadline)
+        reply = self._await_reply(stream.generation, self._step_id, deadline)
         if reply is None:
             self.num_fallbacks += 1
             return {}
-        return {d.sequence_id: list(d.draft_token_ids) for d in reply.drafts if d.draft_token_ids}
+        return _drafts_from_pb(requests, reply)
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Tell the drafter to forget finished or aborted requests (sent right away)."""
         held = [i for i in request_ids if self._sent_lengths.pop(i, None) is not None]
         stream = self._current_stream()
         if held and stream is not None:
-            stream.outbox.put(_Step(0, (), held))  # step_id 0: nobody awaits its (empty) reply
+            stream.outbox.put(_Step(0, (), (), (), held))  # step_id 0: nobody awaits its (empty) reply
 
     def _current_stream(self) -> _Stream | None:
         stream = self._stream
@@ -151,13 +162,14 @@ class DrafterClient:
             self._sent_lengths.clear()  # a new stream holds nothing: send every context whole
         return stream
 
-    def _delta(self, request: DraftRequest) -> _Delta:
-        end = len(request.token_ids)
-        start = self._sent_lengths.get(request.request_id, 0)
-        if start > end:
-            start = 0  # the context shrank: start it afresh
-        self._sent_lengths[request.request_id] = end
-        return _Delta(request, start, end)
+    def _step(self, step_id: int, requests: Sequence[DraftRequest]) -> _Step:
+        """Each request's delta: what this stream has not been sent yet (all of it on first sight)."""
+        sent, requests = self._sent_lengths, list(requests)  # the engine may reuse its list
+        ends = [len(r.token_ids) for r in requests]
+        starts = [sent.get(r.request_id, 0) for r in requests]
+        starts = [start if start <= end else 0 for start, end in zip(starts, ends)]  # shrank: afresh
+        sent.update(zip([r.request_id for r in requests], ends))
+        return _Step(step_id, requests, starts, ends)
 
     def _drain_replies(self, generation: int) -> bool:
         """Handle replies that came after their deadline; False if the stream has ended meanwhile."""
@@ -193,9 +205,8 @@ class DrafterClient:
             return None
         if reply is _STREAM_ENDED:
             return reply
-        for draft in reply.drafts:
-            if draft.resync:
-                self._sent_lengths.pop(draft.sequence_id, None)
+        for sequence_id in reply.resync_sequence_ids:
+            self._sent_lengths.pop(sequence_id, None)
         return reply
 
     # ---- connection thread ---------------------------------------------------------------------

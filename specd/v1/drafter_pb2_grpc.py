@@ -27,6 +27,10 @@ if _version_not_supported:
 
 class DrafterStub:
     """Proposes draft tokens (prompt lookup / n-gram) for all sequences of a verifier in one round trip.
+
+    Messages are columnar: one repeated field per per-sequence value, entry i of every column
+    describing sequence i, and the sequences' tokens concatenated. Per-sequence sub-messages cost
+    1-2 us each to build and read in Python on both ends, more than drafting a sequence takes.
     """
 
     def __init__(self, channel):
@@ -44,6 +48,10 @@ class DrafterStub:
 
 class DrafterServicer:
     """Proposes draft tokens (prompt lookup / n-gram) for all sequences of a verifier in one round trip.
+
+    Messages are columnar: one repeated field per per-sequence value, entry i of every column
+    describing sequence i, and the sequences' tokens concatenated. Per-sequence sub-messages cost
+    1-2 us each to build and read in Python on both ends, more than drafting a sequence takes.
     """
 
     def Propose(self, request_iterator, context):
@@ -72,6 +80,10 @@ def add_DrafterServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Drafter:
     """Proposes draft tokens (prompt lookup / n-gram) for all sequences of a verifier in one round trip.
+
+    Messages are columnar: one repeated field per per-sequence value, entry i of every column
+    describing sequence i, and the sequences' tokens concatenated. Per-sequence sub-messages cost
+    1-2 us each to build and read in Python on both ends, more than drafting a sequence takes.
     """
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""A real drafter server and the verifier's real DrafterClient on loopback."""
+"""A real drafter server (on each store backend built here) and the verifier's real DrafterClient on loopback."""
 from __future__ import annotations
 
 import time
@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from drafter_service.config import DrafterConfig
 from drafter_service.ngram import NgramIndex
+from drafter_service.stores import BACKENDS
 from support.drafter_servers import ThreadedDrafter
 from verifier_service.drafter_client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
@@ -41,9 +42,9 @@ def propose_until_connected(client, requests, timeout=20.0):
     raise TimeoutError("the drafter client never got an answer")
 
 
-@pytest.fixture(scope="module")
-def drafter():
-    with ThreadedDrafter(CONFIG) as server:
+@pytest.fixture(scope="module", params=BACKENDS)
+def drafter(request):
+    with ThreadedDrafter(CONFIG, request.param) as server:
         yield server
 
 
@@ -69,9 +70,10 @@ def test_a_batched_round_trip_sends_deltas_and_returns_every_sequences_drafts(dr
     assert drafter.on_loop(lambda: drafter.drafter.store.total_tokens) == 2
 
 
-def test_an_evicted_sequence_is_resynced_and_drafts_again():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_evicted_sequence_is_resynced_and_drafts_again(backend):
     with ThreadedDrafter(DrafterConfig(host="127.0.0.1", port=0, metrics_port=None,
-                                       max_tokens_held=8)) as small:
+                                       max_tokens_held=8), backend) as small:
         client = DrafterClient(small.address, timeout_s=GENEROUS_S)
         try:
             tokens = [3, 4, 5, 3, 4]

@@ -8,22 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drafter_service.ngram import NgramIndex
-
-
-def brute_force_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The rule, read literally: longest n first, most recent earlier occurrence, overlapping copy."""
-    length = len(tokens)
-    for n in range(max_n, min_n - 1, -1):
-        if n >= length:
-            continue
-        suffix = tokens[length - n:]
-        for end in range(length - 1, n - 1, -1):  # end < length: an earlier occurrence
-            if tokens[end - n:end] == suffix:
-                draft: list[int] = []
-                for j in range(k):
-                    draft.append(tokens[end + j] if end + j < length else draft[j - (length - end)])
-                return draft
-    return []
+from support.ngram_reference import brute_force_propose
 
 
 # Small alphabets make repeats and overlapping matches common; big ids and negatives test the keys.
@@ -85,7 +70,7 @@ def _real_tokens() -> list[int]:
     from specd.default_model import resolve_model_path
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path("default"))
-    text = open(__file__).read() + open(brute_force_propose.__code__.co_filename).read()
+    text = open(__file__).read() + open(NgramIndex.__init__.__code__.co_filename).read()
     return tokenizer(text)["input_ids"]
 
 

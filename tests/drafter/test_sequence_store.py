@@ -1,9 +1,17 @@
-"""Per-sequence state: deltas, re-sync on a mismatch, release, LRU eviction by tokens held."""
+"""Per-sequence state: deltas, re-sync on a mismatch, release, LRU eviction by tokens held.
+
+The store-level tests use the Python store (the reference); the batch-level ones run on every
+backend built here (tests/drafter/test_native_store.py compares the two under hypothesis).
+"""
 from __future__ import annotations
 
+import pytest
+
+from drafter_service.batch import ProposeBatch, SequenceDelta
 from drafter_service.config import DrafterConfig
-from drafter_service.drafter import Drafter, ProposeBatch, SequenceDelta
+from drafter_service.drafter import Drafter
 from drafter_service.state import SequenceStore
+from drafter_service.stores import BACKENDS
 
 
 def test_deltas_extend_the_held_context():
@@ -64,28 +72,47 @@ def _delta(sequence_id, start, tokens, k=2):
     return SequenceDelta(sequence_id, start, tokens, num_draft_tokens=k)
 
 
-def test_sessions_keep_the_same_sequence_id_apart_and_forget_it_on_close():
-    drafter = Drafter(DrafterConfig(min_ngram=1, max_ngram=2))
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def test_sessions_keep_the_same_sequence_id_apart_and_forget_it_on_close(backend):
+    drafter = Drafter(DrafterConfig(min_ngram=1, max_ngram=2), backend)
     first, second = drafter.open_session(), drafter.open_session()
-    first.step(ProposeBatch(1, [_delta("s", 0, [1, 2, 1])]))
-    reply = second.step(ProposeBatch(1, [_delta("s", 3, [5])]))
-    assert reply.drafts[0].resync and reply.drafts[0].draft_token_ids == []
-    assert first.step(ProposeBatch(2, [_delta("s", 3, [2])])).drafts[0].draft_token_ids == [1, 2]
+    first.step(ProposeBatch.from_deltas(1, [_delta("s", 0, [1, 2, 1])]))
+    reply = second.step(ProposeBatch.from_deltas(1, [_delta("s", 3, [5])]))
+    assert reply.resync_sequence_ids == ["s"] and reply.drafts() == [[]]
+    assert first.step(ProposeBatch.from_deltas(2, [_delta("s", 3, [2])])).drafts() == [[1, 2]]
+    assert first.held_tokens("s") == [1, 2, 1, 2] and second.held_tokens("s") is None
     first.close()
     assert len(drafter.store) == 0
 
 
-def test_a_batch_answers_every_sequence_in_order_with_request_bounds_and_a_draft_cap():
-    drafter = Drafter(DrafterConfig(min_ngram=1, max_ngram=4, max_draft_tokens=3))
+def test_a_batch_answers_every_sequence_in_order_with_request_bounds_and_a_draft_cap(backend):
+    drafter = Drafter(DrafterConfig(min_ngram=1, max_ngram=4, max_draft_tokens=3), backend)
     session = drafter.open_session()
-    batch = ProposeBatch(7, [
+    batch = ProposeBatch.from_deltas(7, [
         _delta("b", 0, [4, 5, 6, 4, 5], k=10),  # capped at 3
         SequenceDelta("a", 0, [1, 2, 9, 2], num_draft_tokens=2, min_ngram=2),  # "9 2" needs n=1
         _delta("c", 0, [1, 2, 1], k=0),  # state only
+        SequenceDelta("d", 0, [1, 2, 3, 1, 2], num_draft_tokens=2, max_ngram=1),  # "2" -> 3
     ])
     reply = session.step(batch)
-    assert reply.step_id == 7
-    assert [(d.sequence_id, d.draft_token_ids) for d in reply.drafts] == [
-        ("b", [6, 4, 5]), ("a", []), ("c", [])]
-    session.step(ProposeBatch(8, [], released_sequence_ids=["a", "b"]))
-    assert len(drafter.store) == 1
+    assert reply.step_id == 7 and reply.resync_sequence_ids == []
+    assert reply.drafts() == [[6, 4, 5], [], [], [3, 1]]
+    session.step(ProposeBatch.from_deltas(8, [], released_sequence_ids=["a", "b", "never-seen"]))
+    assert len(drafter.store) == 2 and drafter.store.total_tokens == 8
+
+
+def test_empty_bound_columns_mean_the_service_defaults(backend):
+    drafter = Drafter(DrafterConfig(min_ngram=2, max_ngram=3), backend)
+    batch = ProposeBatch(1, ["a"], [0], [4], [1, 2, 9, 2], [2])  # "9 2" needs n=1, below the default
+    assert drafter.open_session().step(batch).drafts() == [[]]
+
+
+def test_misaligned_columns_are_named():
+    batch = ProposeBatch(1, ["a", "b"], [0, 0], [2, 2], [1, 2, 3], [1, 1])
+    assert batch.column_error() == ("new_token_ids", "length is not the sum of new_token_counts")
+    assert ProposeBatch(1, ["a"], [0], [0], [], [1], [1, 1]).column_error()[0] == "min_ngrams"
+    assert ProposeBatch(1, ["a"], [], [0], [], [1]).column_error()[0] == "starts"

@@ -26,8 +26,8 @@ def free_port() -> int:
 class ThreadedDrafter:
     """A drafter server on its own event loop thread, so sync clients can call it from the test thread."""
 
-    def __init__(self, config: DrafterConfig) -> None:
-        self.drafter = Drafter(config)
+    def __init__(self, config: DrafterConfig, store_backend: str | None = None) -> None:
+        self.drafter = Drafter(config, store_backend)
         self.server = build_server(config, self.drafter)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

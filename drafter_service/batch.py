@@ -1,0 +1,83 @@
+"""One verifier step as the drafter sees it: columns in (`ProposeBatch`), columns out (`DraftBatch`).
+
+Why columns rather than one object per sequence: at 256 sequences a step, building and reading
+per-sequence objects cost more than the drafting itself (1-2 us each in Python, on both ends of the
+wire). Columns travel through protobuf (protos/specd/v1/drafter.proto has the same shape) and into the
+native store as whole arrays. `SequenceDelta` and `DraftBatch.drafts()` are the per-sequence view, for
+tests and readers.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SequenceDelta:
+    """One sequence's part of a step, spelled out (ProposeBatch.from_deltas builds the columns)."""
+
+    sequence_id: str
+    start: int  # length the sender believes the drafter holds; 0 = new_token_ids is the whole context
+    new_token_ids: Sequence[int]
+    num_draft_tokens: int  # 0 only updates state
+    min_ngram: int = 0  # 0 = the drafter's default
+    max_ngram: int = 0
+
+
+@dataclass(slots=True)
+class ProposeBatch:
+    """Every column has one entry per sequence, in order, except where noted."""
+
+    step_id: int
+    sequence_ids: Sequence[str]  # unique per verifier stream
+    starts: Sequence[int]  # see SequenceDelta.start
+    new_token_counts: Sequence[int]  # how many of new_token_ids belong to each sequence
+    new_token_ids: Sequence[int]  # every sequence's new tokens, concatenated in sequence order
+    num_draft_tokens: Sequence[int]  # drafts wanted; 0 only updates state
+    min_ngrams: Sequence[int] = ()  # 0 = the drafter's default; an empty column = defaults for all
+    max_ngrams: Sequence[int] = ()
+    released_sequence_ids: Sequence[str] = ()  # forgotten before the sequences are applied
+
+    @classmethod
+    def from_deltas(cls, step_id: int, deltas: Iterable[SequenceDelta],
+                    released_sequence_ids: Sequence[str] = ()) -> ProposeBatch:
+        deltas = list(deltas)
+        return cls(step_id, [d.sequence_id for d in deltas], [d.start for d in deltas],
+                   [len(d.new_token_ids) for d in deltas], [t for d in deltas for t in d.new_token_ids],
+                   [d.num_draft_tokens for d in deltas], [d.min_ngram for d in deltas],
+                   [d.max_ngram for d in deltas], released_sequence_ids)
+
+    def column_error(self) -> tuple[str, str] | None:
+        """(column, what is wrong) when the columns do not line up, else None."""
+        count = len(self.sequence_ids)
+        for name in ("starts", "new_token_counts", "num_draft_tokens"):
+            if len(getattr(self, name)) != count:
+                return name, "needs one entry per sequence_ids entry"
+        for name in ("min_ngrams", "max_ngrams"):
+            if len(getattr(self, name)) not in (0, count):
+                return name, "needs one entry per sequence_ids entry, or none"
+        if sum(self.new_token_counts) != len(self.new_token_ids):
+            return "new_token_ids", "length is not the sum of new_token_counts"
+        return None
+
+
+@dataclass(slots=True)
+class DraftBatch:
+    """The answer to a ProposeBatch, in its sequence order."""
+
+    step_id: int
+    draft_counts: list[int] = field(default_factory=list)  # per sequence; 0 = no draft
+    draft_token_ids: list[int] = field(default_factory=list)  # every draft, concatenated in order
+    resync_sequence_ids: list[str] = field(default_factory=list)  # not held: send whole (start = 0)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft_token_ids)
+
+    def drafts(self) -> list[list[int]]:
+        """Each sequence's draft, in order."""
+        drafts, position = [], 0
+        for count in self.draft_counts:
+            drafts.append(self.draft_token_ids[position:position + count])
+            position += count
+        return drafts
