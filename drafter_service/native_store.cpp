@@ -17,9 +17,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include <sys/mman.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -44,19 +48,39 @@ inline uint64_t finish(uint64_t h, int n) {  // splitmix64's finaliser; 0 marks 
     return h ? h : 1;
 }
 
+// Zeroed memory for a table; tables of 2 MiB and more ask for transparent huge pages, since at 256
+// sequences of 32k tokens (1 GB of tables) TLB misses, not hashing, set the cost of a lookup.
+struct Pages {
+    void operator()(void* memory) const { std::free(memory); }
+};
+
+template <typename T>
+std::unique_ptr<T[], Pages> zeroed(size_t count) {
+    constexpr size_t huge = size_t{1} << 21;
+    const size_t bytes = count * sizeof(T);
+    void* memory = bytes >= huge ? std::aligned_alloc(huge, (bytes + huge - 1) / huge * huge)
+                                 : std::malloc(bytes);
+    if (memory == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (bytes >= huge) madvise(memory, bytes, MADV_HUGEPAGE);
+#endif
+    std::memset(memory, 0, bytes);
+    return std::unique_ptr<T[], Pages>(static_cast<T*>(memory));
+}
+
 // Open addressing, linear probing, insert-or-overwrite only (entries are never deleted). Key and end
 // share a slot so that a probe touches one cache line: at 256 sequences the tables do not fit in cache.
 class LatestEnds {
 public:
     void put(uint64_t key, uint32_t end) {
-        if ((used_ + 1) * 10 > slots_.size() * 7) grow(slots_.empty() ? 16 : slots_.size() * 2);
+        if ((used_ + 1) * 10 > capacity_ * 7) grow(capacity_ == 0 ? 16 : capacity_ * 2);
         Slot& slot = slots_[find(key)];
         if (slot.key == 0) { slot.key = key; ++used_; }
         slot.end = end;
     }
 
     bool get(uint64_t key, uint32_t* end) const {
-        if (slots_.empty()) return false;
+        if (capacity_ == 0) return false;
         const Slot& slot = slots_[find(key)];
         if (slot.key == 0) return false;
         *end = slot.end;
@@ -64,33 +88,36 @@ public:
     }
 
     void reserve(size_t entries) {
-        size_t capacity = slots_.empty() ? 16 : slots_.size();
+        size_t capacity = capacity_ == 0 ? 16 : capacity_;
         while (entries * 10 > capacity * 7) capacity *= 2;
-        if (capacity != slots_.size()) grow(capacity);
+        if (capacity != capacity_) grow(capacity);
     }
 
 private:
     struct Slot {
-        uint64_t key = 0;  // 0 = empty
-        uint32_t end = 0;
+        uint64_t key;  // 0 = empty
+        uint32_t end;
     };
 
     size_t find(uint64_t key) const {
-        const size_t mask = slots_.size() - 1;
+        const size_t mask = capacity_ - 1;
         size_t index = static_cast<size_t>(key) & mask;
         while (slots_[index].key != 0 && slots_[index].key != key) index = (index + 1) & mask;
         return index;
     }
 
     void grow(size_t capacity) {
-        std::vector<Slot> old(capacity);
-        old.swap(slots_);
-        for (const Slot& slot : old) {
-            if (slot.key != 0) slots_[find(slot.key)] = slot;
+        auto old = std::move(slots_);
+        const size_t old_capacity = capacity_;
+        slots_ = zeroed<Slot>(capacity);
+        capacity_ = capacity;
+        for (size_t i = 0; i < old_capacity; ++i) {
+            if (old[i].key != 0) slots_[find(old[i].key)] = old[i];
         }
     }
 
-    std::vector<Slot> slots_;
+    std::unique_ptr<Slot[], Pages> slots_;
+    size_t capacity_ = 0;  // a power of two, or 0
     size_t used_ = 0;
 };
 
