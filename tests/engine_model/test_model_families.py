@@ -12,6 +12,7 @@ from engine_model.checkpoints import prefill_request, random_block_tables
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.model.config import rope_parameters
+from verifier_service.model.loader import load_model
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 
@@ -46,15 +47,15 @@ def test_sharded_checkpoint_is_really_sharded(tiny_llama):
 
 
 def test_untied_lm_head_is_its_own_matrix(tiny_llama):
-    runner = ModelRunner(tiny_llama, dtype="float32", block_size=4, kv_cache_bytes=1 << 20)
-    assert runner.model.lm_head.weight is not runner.model.model.embed_tokens.weight
+    model = load_model(tiny_llama, "cpu", torch.float32)
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
 
 
 def test_default_model_logits_match_transformers(default_model_dir, default_runner):
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     prompt = tokenizer("The paged KV cache stores keys and values in fixed-size blocks, so that")["input_ids"]
     runner = default_runner
-    assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight  # tied in SmolLM2
+    assert runner.config.tie_word_embeddings  # SmolLM2: the LM head is the embedding matrix
     [table] = random_block_tables(runner.num_blocks, [len(prompt)], 16, seed=3)
     logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, table)]))
     torch.testing.assert_close(logits, hf_logits(hf_model(default_model_dir), prompt), **TOLERANCE)
@@ -66,7 +67,7 @@ def test_half_precision_runs_close_to_float32(tiny_llama, dtype):
     logits = {}
     for name in ("float32", dtype):
         runner = ModelRunner(tiny_llama, dtype=name, block_size=4, kv_cache_bytes=1 << 20)
-        assert runner.model.lm_head.weight.dtype == getattr(torch, name)
+        assert runner.model.model.embed_tokens.weight.dtype == getattr(torch, name)
         logits[name] = runner.execute(ScheduledBatch([prefill_request("r", prompt, list(range(10)))]))
     assert logits[dtype].dtype == torch.float32  # the runner hands out float32 whatever the model dtype
     torch.testing.assert_close(logits[dtype], logits["float32"], atol=0.1, rtol=0.05)

@@ -18,6 +18,7 @@ from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
+from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
 from verifier_service.model.loader import load_model
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
@@ -47,7 +48,8 @@ class ModelRunner:
 
     The cache holds `kv_cache_bytes` when given (default 512 MiB on the CPU), else on CUDA what is left
     of `gpu_memory_utilization` of the card once the model is loaded. With `compile_model`, on CUDA only,
-    the decoder layers' attention-free regions run as torch.compile'd kernels (model/compile.py).
+    the decoder layers' attention-free regions run as torch.compile'd kernels (model/compile.py); on the
+    CPU the linear layers run through oneDNN with prepacked weights (model/cpu_linear.py).
     """
 
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",
@@ -76,6 +78,9 @@ class ModelRunner:
         self.compiled = compile_model and self.device.type == "cuda"
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
             compile_regions(self.model)
+        self.prepacked = onednn_linear_enabled(self.device, self.dtype)
+        if self.prepacked:  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
+            prepack_linears(self.model)
         self.graphs: GraphedSteps | None = None
 
     def capture_cuda_graphs(self, max_batch: int, widths: list[int]) -> bool:

@@ -1,0 +1,50 @@
+"""CPU linear layers through oneDNN with prepacked weights (verifier_service/model/cpu_linear.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine_model.checkpoints import prefill_request
+from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.model_runner import ModelRunner
+from verifier_service.model.cpu_linear import ONEDNN_LINEAR_ENV, PrepackedLinear, onednn_linear_enabled
+
+pytestmark = pytest.mark.skipif(not onednn_linear_enabled(torch.device("cpu"), torch.float32),
+                                reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("num_rows", [1, 9, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepacked_linear_equals_f_linear(num_rows, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(576, 960, bias=bias)
+    packed = PrepackedLinear(linear)
+    wide = torch.randn(num_rows, 2 * 576)
+    for x in (wide[:, :576].contiguous(), wide[:, 576:]):  # contiguous and strided rows (as after a split)
+        with torch.inference_mode():
+            torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+def test_prepacked_linear_in_bfloat16_is_close():
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 512, bias=False).to(torch.bfloat16)
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(PrepackedLinear(linear)(x).float(), linear(x).float(), atol=2e-2, rtol=2e-2)
+
+
+def logits_and_linears(checkpoint) -> tuple[torch.Tensor, set[type]]:
+    runner = ModelRunner(checkpoint, dtype="float32", block_size=4, kv_cache_bytes=1 << 20)
+    prompt = list(range(3, 40))
+    logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, list(range(10)))]))
+    kinds = {type(m) for m in runner.model.modules() if isinstance(m, (nn.Linear, PrepackedLinear))}
+    return logits, kinds
+
+
+def test_cpu_runner_prepacks_every_linear_and_the_switch_turns_it_off(tiny_llama, monkeypatch):
+    packed_logits, packed_kinds = logits_and_linears(tiny_llama)
+    monkeypatch.setenv(ONEDNN_LINEAR_ENV, "0")
+    dense_logits, dense_kinds = logits_and_linears(tiny_llama)
+    assert packed_kinds == {PrepackedLinear} and dense_kinds == {nn.Linear}
+    torch.testing.assert_close(packed_logits, dense_logits, atol=1e-5, rtol=1e-5)
