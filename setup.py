@@ -1,4 +1,4 @@
-"""Builds the drafter's native sequence store (drafter_service/native_store.cpp); everything else is in pyproject.toml.
+"""Builds the drafter's native sequence store (drafter_service/native_store.cpp); the rest is pyproject.toml.
 
 `pip install -e .` (make install / install-test) compiles it; without it the drafter runs the Python
 reference store (drafter_service/stores.py chooses), e.g. when the code runs from PYTHONPATH.

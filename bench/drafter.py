@@ -7,10 +7,11 @@ Every sequence holds a context of the given length (random ids over the default 
 that keep copying earlier spans, see Workload); each step appends 1 to 4 accepted tokens per
 sequence and asks for 4 drafts, as a verifier step does.
 
-- server: DrafterSession.step on a decoded batch, on the sequence store --store names (default: the
-  native one when built, as the drafter itself picks; see drafter_service/stores.py) (the domain work; wall time, and the thread's CPU
+- server: DrafterSession.step on a decoded batch (the domain work; wall time, and the thread's CPU
   time, which leaves out time spent waiting for a core on a shared machine), and the whole handler
-  body (protobuf -> domain -> step -> protobuf), in this process, per batch.
+  body (protobuf -> domain -> step -> protobuf), in this process, per batch. Both run on the sequence
+  store --store names (default: native when built, as the drafter picks; drafter_service/stores.py);
+  the drafter process of the round trip runs it too.
 - round trip: DrafterClient.propose() against a drafter in its own process over loopback gRPC,
   per batch, as the engine thread sees it.
 The first step, which carries whole contexts, is reported separately (sync) and not in the percentiles.

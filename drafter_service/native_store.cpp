@@ -263,9 +263,11 @@ public:
                 resync.push_back(static_cast<int64_t>(i));
                 continue;
             }
-            const long long low = std::max<long long>(mins.empty() || !mins[i] ? default_min_ngram : mins[i], 1);
-            const long long high = std::min<long long>(maxs.empty() || !maxs[i] ? default_max_ngram : maxs[i],
-                                                       max_ngram_);
+            // 0 (or no column) = the default; then clamped to the indexed range, as ngram.py does
+            const int64_t asked_min = mins.empty() || mins[i] == 0 ? default_min_ngram : mins[i];
+            const int64_t asked_max = maxs.empty() || maxs[i] == 0 ? default_max_ngram : maxs[i];
+            const int64_t low = std::max<int64_t>(asked_min, 1);
+            const int64_t high = std::min<int64_t>(asked_max, max_ngram_);
             const size_t before = drafts.size();
             if (low <= high) {
                 index->propose(static_cast<int>(std::min<int64_t>(ks[i], max_draft_tokens)),

@@ -40,12 +40,12 @@ _STREAM_ENDED = object()  # put on the reply queue when a stream breaks, so a wa
 
 @dataclass(frozen=True)
 class _Step:
-    """One ProposeRequest to send, as columns over `requests` (what the request consumer turns into protobuf)."""
+    """One ProposeRequest to send, as columns over `requests` (grpc's request consumer builds the protobuf)."""
 
     step_id: int
-    requests: Sequence[DraftRequest]
-    starts: Sequence[int]  # per request: tokens of token_ids the drafter already holds
-    ends: Sequence[int]  # per request: context length at this step (token_ids may grow after propose())
+    requests: Sequence[DraftRequest] = ()
+    starts: Sequence[int] = ()  # per request: tokens of token_ids the drafter already holds
+    ends: Sequence[int] = ()  # per request: context length at this step (token_ids may grow after propose())
     released_ids: Sequence[str] = ()
 
 
@@ -68,7 +68,8 @@ def _step_to_pb(step: _Step) -> drafter_pb2.ProposeRequest:
     )
 
 
-def _drafts_from_pb(requests: Sequence[DraftRequest], reply: drafter_pb2.ProposeResponse) -> dict[str, list[int]]:
+def _drafts_from_pb(requests: Sequence[DraftRequest],
+                    reply: drafter_pb2.ProposeResponse) -> dict[str, list[int]]:
     """Drafts per request id from a reply's columns (requests in the order they were sent)."""
     tokens = list(reply.draft_token_ids)
     drafts, position = {}, 0
@@ -153,7 +154,7 @@ class DrafterClient:
         held = [i for i in request_ids if self._sent_lengths.pop(i, None) is not None]
         stream = self._current_stream()
         if held and stream is not None:
-            stream.outbox.put(_Step(0, (), (), (), held))  # step_id 0: nobody awaits its (empty) reply
+            stream.outbox.put(_Step(0, released_ids=held))  # step_id 0: nobody awaits its (empty) reply
 
     def _current_stream(self) -> _Stream | None:
         stream = self._stream

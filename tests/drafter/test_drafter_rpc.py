@@ -1,4 +1,4 @@
-"""A real drafter server (on each store backend built here) and the verifier's real DrafterClient on loopback."""
+"""A real drafter server (on each store built here) and the verifier's real DrafterClient on loopback."""
 from __future__ import annotations
 
 import time
@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from drafter_service.config import DrafterConfig
 from drafter_service.ngram import NgramIndex
 from drafter_service.stores import BACKENDS
+from specd.v1 import drafter_pb2, drafter_pb2_grpc
 from support.drafter_servers import ThreadedDrafter
 from verifier_service.drafter_client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
@@ -100,6 +101,16 @@ def test_a_late_reply_is_a_counted_fallback_and_is_dropped(drafter, client):
     tokens += [3, 1]
     assert client.propose([request("late", tokens)]) == {"late": expected(tokens)}
     assert client.num_stale_replies == 1
+
+
+def test_columns_that_do_not_line_up_are_refused_with_invalid_argument(drafter):
+    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], new_token_counts=[3],
+                                     new_token_ids=[1, 2], num_draft_tokens=[4])
+    with grpc.insecure_channel(drafter.address) as channel:
+        with pytest.raises(grpc.RpcError) as error:
+            list(drafter_pb2_grpc.DrafterStub(channel).Propose(iter([bad]), timeout=5))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("new_token_ids:")
 
 
 def test_health_is_serving_and_reflection_lists_the_drafter(drafter):

@@ -72,7 +72,8 @@ def test_a_long_context_drafts_like_the_reference_at_every_step():
     context = [i % 97 for i in range(3000)] + [5, 6, 7, 8, 5, 6]
     session.step(ProposeBatch.from_deltas(0, [SequenceDelta("s", 0, context, 0)]))
     for step_id, token in enumerate([7, 8, 1, 2, 3, 1, 2], start=1):
-        reply = session.step(ProposeBatch.from_deltas(step_id, [SequenceDelta("s", len(context), [token], 6)]))
+        delta = SequenceDelta("s", len(context), [token], num_draft_tokens=6)
+        reply = session.step(ProposeBatch.from_deltas(step_id, [delta]))
         context.append(token)
         assert reply.drafts() == [brute_force_propose(context, 6, 1, 4)]
 

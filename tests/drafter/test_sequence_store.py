@@ -5,13 +5,17 @@ backend built here (tests/drafter/test_native_store.py compares the two under hy
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from drafter_service.batch import ProposeBatch, SequenceDelta
 from drafter_service.config import DrafterConfig
 from drafter_service.drafter import Drafter
 from drafter_service.state import SequenceStore
-from drafter_service.stores import BACKENDS
+from drafter_service.stores import BACKENDS, resolve_backend
 
 
 def test_deltas_extend_the_held_context():
@@ -116,3 +120,21 @@ def test_misaligned_columns_are_named():
     assert batch.column_error() == ("new_token_ids", "length is not the sum of new_token_counts")
     assert ProposeBatch(1, ["a"], [0], [0], [], [1], [1, 1]).column_error()[0] == "min_ngrams"
     assert ProposeBatch(1, ["a"], [], [0], [], [1]).column_error()[0] == "starts"
+
+
+def test_without_the_extension_the_python_store_runs():
+    # As when the code runs from PYTHONPATH without `pip install -e .`: the import fails, nothing else.
+    code = ("import sys; sys.modules['drafter_service._native_store'] = None\n"
+            "from drafter_service.config import DrafterConfig\nfrom drafter_service.drafter import Drafter\n"
+            "print(Drafter(DrafterConfig()).store_backend)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout.split() == ["python"], result.stderr
+
+
+def test_the_environment_picks_the_store_and_an_unknown_one_is_refused(monkeypatch):
+    monkeypatch.setenv("SPECD_DRAFTER_STORE", "python")
+    assert Drafter(DrafterConfig()).store_backend == "python"
+    assert resolve_backend() == "python" and resolve_backend(BACKENDS[0]) == BACKENDS[0]
+    with pytest.raises(ValueError, match="drafter store"):
+        resolve_backend("rust")

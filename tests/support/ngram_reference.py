@@ -1,4 +1,4 @@
-"""The prompt-lookup rule of drafter_service/ngram.py read literally: what every drafter store is checked against."""
+"""The prompt-lookup rule of drafter_service/ngram.py read literally: what every store is checked against."""
 from __future__ import annotations
 
 
