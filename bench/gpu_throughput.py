@@ -1,7 +1,7 @@
 """Throughput on nano-vllm's bench.py workload: 256 sequences, input and output lengths uniform in
 [100, 1024], random token ids, temperature 0.6, ignore_eos; per engine configuration (see CONFIGS).
 
-Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
+Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...] [--cprofile]
 Throughput = output tokens / wall time of the whole run (prefill included), as nano-vllm counts it.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def run(engine: Engine, prompts, max_tokens) -> tuple[float, int]:
     return time.perf_counter() - start, produced
 
 
-def measure(name: str, model: str, eager: bool, prompts, max_tokens) -> dict:
+def measure(name: str, model: str, eager: bool, prompts, max_tokens, profile: bool = False) -> dict:
     speculation, changes = CONFIGS[name]
     config = EngineConfig(model=model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
                           kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
@@ -65,14 +65,29 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens) -> dict:
     run(engine, [prompts[0][:100]], [16])  # warm-up (compiles the prefill shapes)
     load_s = time.perf_counter() - started
     engine.take_step_stats()
-    seconds, produced = run(engine, prompts, max_tokens)
+    if profile:  # where the host's time goes (cProfile slows Python code; read the ranking, not the totals)
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        seconds, produced = profiler.runcall(run, engine, prompts, max_tokens)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    else:
+        seconds, produced = run(engine, prompts, max_tokens)
     stats = engine.take_step_stats()
     spec = [s.spec_decoding for s in stats if s.spec_decoding]
+    stages: dict[str, float] = {}
+    for s in stats:
+        for stage, stage_s in s.stage_seconds.items():
+            stages[stage] = stages.get(stage, 0.0) + stage_s
+    prefill = [s for s in stats if s.num_tokens > 2 * config.max_num_seqs]  # steps carrying prompt chunks
     row = {"config": name, "seconds": seconds, "output_tokens": produced, "tok_per_s": produced / seconds,
            "steps": len(stats), "steps_with_drafts": len(spec), "draft_tokens": sum(s.num_draft_tokens for s in spec),
            "accepted_tokens": sum(s.num_accepted_tokens for s in spec),
            "draft_skips": sum(s.num_draft_skips for s in stats), "load_compile_capture_s": load_s,
-           "graphs": engine.runner.graphs is not None}
+           "graphs": engine.runner.graphs is not None,
+           "stage_seconds": {k: round(v, 3) for k, v in stages.items()},  # where the wall time went
+           "prefill_steps": len(prefill), "prefill_seconds": round(sum(sum(s.stage_seconds.values()) for s in prefill), 3)}
     print(json.dumps(row), flush=True)
     del engine
     torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
@@ -87,9 +102,10 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--cprofile", action="store_true", help="print the host's hottest functions per config")
     args = parser.parse_args()
     prompts, max_tokens = workload(args.num_seqs)
-    rows = [measure(name, args.model, args.eager, prompts, max_tokens) for name in args.configs.split(",")]
+    rows = [measure(name, args.model, args.eager, prompts, max_tokens, args.cprofile) for name in args.configs.split(",")]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "rows": rows}, indent=1))
     print(f"\n{card}, {args.num_seqs} seqs, {'eager' if args.eager else 'CUDA graphs'}")

@@ -138,17 +138,23 @@ class GraphedSteps:
 
     def _pack(self, batch: ScheduledBatch, bucket: int, width: int) -> tuple[torch.Tensor, int]:
         """One pinned int64 buffer [ids | positions | slots | context_lens | block tables | logit rows]."""
-        size, scratch = self.block_size, self.scratch_block
+        size, scratch, max_blocks = self.block_size, self.scratch_block, self.max_blocks
+        table_padding = [scratch] * max_blocks
         ids, positions, slots, context_lens, tables, rows = [], [], [], [], [], []
-        for i, request in enumerate(batch.requests):
-            start, count, table = request.start_position, request.num_tokens, request.block_table
-            ids += request.token_ids + [0] * (width - count)
+        for i, request in enumerate(batch.requests):  # the hot loop of a large decode step: no temporaries
+            start, table, token_ids = request.start_position, request.block_table, request.token_ids
+            count = len(token_ids)
+            ids += token_ids
             real = range(start, start + count)
-            positions += list(real) + [min(start + count - 1, self.max_position)] * (width - count)
+            positions += real
             slots += [table[p // size] * size + p % size for p in real]
-            slots += [scratch * size + (i * width + j) % size for j in range(count, width)]
+            if count < width:  # fewer drafts than the graph's width: pad this sequence's rows
+                ids += [0] * (width - count)
+                positions += [min(start + count - 1, self.max_position)] * (width - count)
+                slots += [scratch * size + (i * width + j) % size for j in range(count, width)]
             context_lens.append(start + width)
-            tables += table + [scratch] * (self.max_blocks - len(table))
+            tables += table
+            tables += table_padding[:max_blocks - len(table)]
             rows += range(i * width, i * width + count)
         padding = bucket - len(batch.requests)
         if padding:

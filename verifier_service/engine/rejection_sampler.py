@@ -64,13 +64,16 @@ def _judge_rows(
         return greedy_accepted, target_argmax
     probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
                                  metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
-    uniform, exponential = metadata.random_draws(logits.shape[-1], logits.device)
-    draft_prob = probs.gather(1, metadata.row_draft.unsqueeze(1)).squeeze(1)  # p(x)
-    sampled_accepted = metadata.row_has_draft & (uniform < draft_prob)
-    residual = probs.scatter(1, metadata.row_draft.unsqueeze(1), 0.0)
-    residual = torch.where(metadata.row_has_draft.unsqueeze(1), residual, probs)  # bonus rows: all of p
-    # p(x) == 1 up to rounding leaves nothing to recover from; then any draw from p is as good.
-    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, probs)
+    uniform, exponential = metadata.random_draws(logits.shape[-1], logits.device)  # drawn alike either way
+    if metadata.has_drafts:
+        draft_prob = probs.gather(1, metadata.row_draft.unsqueeze(1)).squeeze(1)  # p(x)
+        sampled_accepted = metadata.row_has_draft & (uniform < draft_prob)
+        residual = probs.scatter(1, metadata.row_draft.unsqueeze(1), 0.0)
+        residual = torch.where(metadata.row_has_draft.unsqueeze(1), residual, probs)  # bonus rows: all of p
+        # p(x) == 1 up to rounding leaves nothing to recover from; then any draw from p is as good.
+        residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, probs)
+    else:  # only bonus rows: the residual is p itself (skips four passes over [rows, vocab])
+        sampled_accepted, residual = metadata.row_has_draft, probs
     sampled = (residual / exponential).argmax(dim=-1)  # exponential race: a draw proportional to residual
     greedy = metadata.row_greedy
     return torch.where(greedy, greedy_accepted, sampled_accepted), torch.where(greedy, target_argmax, sampled)

@@ -30,6 +30,7 @@ class SamplingMetadata:
     row_min_p: torch.Tensor  # [num_rows] float32
     all_greedy: bool
     seeded_rows: list[tuple[int, int, torch.Generator]]  # (first row, row count, the request's generator)
+    has_drafts: bool = True  # some row verifies a draft (False: every row is a bonus row)
     use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
     use_top_p: bool = True
     use_min_p: bool = True
@@ -88,6 +89,7 @@ class SamplingMetadata:
             row_min_p=min_p_t,
             all_greedy=all(greedy),
             seeded_rows=seeded,
+            has_drafts=max_drafts > 0,
             use_top_k=any(k > 0 for k in top_k),
             use_top_p=any(p < 1.0 for p in top_p),
             use_min_p=any(p > 0.0 for p in min_p),

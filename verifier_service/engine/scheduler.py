@@ -124,6 +124,8 @@ class Scheduler:
         """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1)."""
         k = request.params.num_speculative_tokens
         k = self.num_speculative_tokens if k is None else k
+        if k <= 0:
+            return 0
         return min(k, request.params.max_tokens - request.num_output_tokens - 1,
                    self.max_model_len - request.num_tokens - 1)
 
@@ -170,9 +172,13 @@ class Scheduler:
 
     def add_drafts(self, batch: ScheduledBatch, drafts: Mapping[str, Sequence[int]]) -> None:
         """Append each request's drafts (at most its reserved slots; cut at an id outside the vocabulary)."""
+        if not drafts:
+            return  # no request drafted (the usual large-batch step): nothing to append
         for scheduled in batch.requests:
+            if not drafts.get(scheduled.request_id):
+                continue
             request = self.requests.get(scheduled.request_id)
-            draft = list(drafts.get(scheduled.request_id, ()))[:request.num_draft_slots if request else 0]
+            draft = list(drafts[scheduled.request_id])[:request.num_draft_slots if request else 0]
             valid = next((i for i, t in enumerate(draft) if not 0 <= t < self.vocab_size), len(draft))
             scheduled.token_ids = scheduled.token_ids + draft[:valid]
             scheduled.num_draft_tokens = valid
@@ -204,7 +210,9 @@ class Scheduler:
         params = request.params
         token_ids = token_ids[:min(params.max_tokens - request.num_output_tokens,
                                    self.max_model_len - request.num_tokens)]
-        stop_at = next((i for i, t in enumerate(token_ids) if t in request.stop_token_ids), None)
+        stop_at = None
+        if request.stop_token_ids:  # most requests have none (ignore_eos) or stop on EOS: skip the scan
+            stop_at = next((i for i, t in enumerate(token_ids) if t in request.stop_token_ids), None)
         if stop_at is not None:
             token_ids = token_ids[:stop_at + 1]  # the stop token is output, nothing after it
         request.append_output(token_ids)
@@ -221,8 +229,9 @@ class Scheduler:
         return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage())
 
     def _cache_blocks(self, request: Request) -> None:
-        if request.num_computed_tokens // self.block_manager.block_size <= request.num_hashed_blocks:
-            return  # no block became full: skip copying the token list
+        if (not self.block_manager.enable_prefix_caching
+                or request.num_computed_tokens // self.block_manager.block_size <= request.num_hashed_blocks):
+            return  # nothing to hash: skip copying the token list (O(context) per step when caching is off)
         computed = request.token_ids[:request.num_computed_tokens]
         request.num_hashed_blocks = self.block_manager.cache_full_blocks(
             request.block_table, computed, request.num_hashed_blocks)

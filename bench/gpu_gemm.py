@@ -1,0 +1,87 @@
+"""Skinny GEMMs on the GPU: the batch-1 decode (1 row) and verify (k + 1 = 5 rows) projections of
+Qwen3-0.6B and Llama-3-8B, per GEMM library choice, against the weight-read floor.
+
+Usage: python bench/gpu_gemm.py
+Each variant runs 20 back-to-back calls of one projection inside a CUDA graph (what a step replays);
+us = graph replay time / 20. "per step" sums one layer's projections x layers + the LM head once.
+Variants: cuBLAS (torch's default), cuBLASLt (torch.backends.cuda.preferred_blas_library), and inductor
+max-autotune of a static-shape F.linear (Triton templates and ATen compete per shape).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_latency import copy_bandwidth  # noqa: E402
+
+MODELS = {  # name: (layers, [(out, in) per layer], lm_head (out, in))
+    "qwen3-0.6b": (28, [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], (151936, 1024)),
+    "llama3-8b": (32, [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)], (128256, 4096)),
+}
+CALLS = 20
+
+
+def replay_us(fn) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return sorted(times)[15]
+
+
+def variants():
+    def cublas(x, w):
+        return lambda: F.linear(x, w)
+
+    def autotuned(x, w):
+        compiled = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
+        compiled(x, w)
+        return lambda: compiled(x, w)
+    return {"cuBLAS": ("cublas", cublas), "cuBLASLt": ("cublaslt", cublas), "inductor autotune": ("cublas", autotuned)}
+
+
+def main() -> None:
+    bandwidth = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
+    rows = []
+    for model, (layers, shapes, head) in MODELS.items():
+        for m in (1, 5):
+            totals, floor = {}, 0.0
+            for (n, k), count in [(s, layers) for s in shapes] + [(head, 1)]:
+                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                floor += count * n * k * 2 / (bandwidth / 2) * 1e6
+                for name, (library, make) in variants().items():
+                    torch.backends.cuda.preferred_blas_library(library)
+                    us = replay_us(make(x, w))
+                    print(f"{model} m={m} {n}x{k} {name}: {us:.1f} us (floor {n * k * 2 / (bandwidth / 2) * 1e6:.1f})",
+                          flush=True)
+                    totals[name] = totals.get(name, 0.0) + count * us
+                torch.backends.cuda.preferred_blas_library("cublas")
+            rows.append((model, m, floor, totals))
+    print(f"\n{'model':<12} {'rows':>4} {'floor us':>9} " + " ".join(f"{v:>18}" for v in variants()))
+    for model, m, floor, totals in rows:
+        print(f"{model:<12} {m:>4} {floor:>9.0f} " + " ".join(f"{totals[v]:>9.0f} ({totals[v] / floor:.2f}x)"
+                                                           for v in variants()))
+
+
+if __name__ == "__main__":
+    main()
