@@ -17,6 +17,7 @@ import torch
 
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -36,7 +37,7 @@ class GraphedSteps:
         self.max_batch, self.max_width = self.buckets[-1], self.widths[-1]
         # Padding rows may reach max_width positions past a sequence's end: keep their blocks in the table.
         self.max_blocks = -(-(max_model_len + self.max_width) // block_size)
-        self.max_position = max_model_len - 1
+        self.geometry = GraphGeometry(block_size, scratch_block, self.max_blocks, max_position=max_model_len - 1)
         max_tokens = self.max_batch * self.max_width
         self._staging = torch.zeros(self._staging_size(self.max_batch, self.max_width), dtype=torch.int64,
                                     device=device)  # [ids, positions, slots, context_lens, tables] packed
@@ -120,7 +121,7 @@ class GraphedSteps:
     def run(self, batch: ScheduledBatch, shape: tuple[int, int]) -> torch.Tensor:
         """float32 logits [batch.num_logits, vocab], as ModelRunner.execute returns them."""
         bucket, width = shape
-        host, num_rows = self._pack(batch, bucket, width)
+        host, num_rows = pack_graph_inputs(batch.requests, bucket, width, self.geometry, pin_memory=True)
         staging = self._staging[:host.shape[0]]
         staging.copy_(host, non_blocking=True)  # the step's one host-to-device copy
         n, tables = bucket * width, bucket * self.max_blocks
@@ -135,34 +136,3 @@ class GraphedSteps:
         if num_rows == n:
             return logits.float()
         return logits[rows].float()
-
-    def _pack(self, batch: ScheduledBatch, bucket: int, width: int) -> tuple[torch.Tensor, int]:
-        """One pinned int64 buffer [ids | positions | slots | context_lens | block tables | logit rows]."""
-        size, scratch, max_blocks = self.block_size, self.scratch_block, self.max_blocks
-        table_padding = [scratch] * max_blocks
-        ids, positions, slots, context_lens, tables, rows = [], [], [], [], [], []
-        for i, request in enumerate(batch.requests):  # the hot loop of a large decode step: no temporaries
-            start, table, token_ids = request.start_position, request.block_table, request.token_ids
-            count = len(token_ids)
-            ids += token_ids
-            real = range(start, start + count)
-            positions += real
-            slots += [table[p // size] * size + p % size for p in real]
-            if count < width:  # fewer drafts than the graph's width: pad this sequence's rows
-                ids += [0] * (width - count)
-                positions += [min(start + count - 1, self.max_position)] * (width - count)
-                slots += [scratch * size + (i * width + j) % size for j in range(count, width)]
-            context_lens.append(start + width)
-            tables += table
-            tables += table_padding[:max_blocks - len(table)]
-            rows += range(i * width, i * width + count)
-        padding = bucket - len(batch.requests)
-        if padding:
-            ids += [0] * (padding * width)
-            positions += [0] * (padding * width)
-            first = len(batch.requests) * width
-            slots += [scratch * size + (first + j) % size for j in range(padding * width)]
-            context_lens += [width] * padding
-            tables += [scratch] * (padding * self.max_blocks)
-        packed = ids + positions + slots + context_lens + tables + rows
-        return torch.tensor(packed, dtype=torch.int64, pin_memory=True), len(rows)
