@@ -67,13 +67,12 @@ def pack_graph_inputs(requests: Sequence[ScheduledRequest], bucket: int, width: 
     host = torch.empty(3 * num_inputs + bucket + bucket * max_blocks + rows.size, dtype=torch.int64,
                        pin_memory=pin_memory)
     out = host.numpy()
-    parts = np.split(out, np.cumsum([num_inputs, num_inputs, num_inputs, bucket, bucket * max_blocks]))
-    parts[0][:len(ids)] = ids
-    parts[0][len(ids):] = 0
-    np.copyto(parts[1].reshape(bucket, width),
-              np.where(real, position, np.clip(start + count - 1, 0, geometry.max_position)))
-    np.copyto(parts[2].reshape(bucket, width), np.where(real, block * size + position % size, scratch_slot))
-    parts[3][:] = start[:, 0] + width
-    parts[4][:] = table.ravel()
-    parts[5][:] = rows
+    ends = np.cumsum([num_inputs, num_inputs, num_inputs, bucket, bucket * max_blocks]).tolist()
+    out[:len(ids)] = ids
+    out[len(ids):ends[0]] = 0
+    out[ends[0]:ends[1]] = np.where(real, position, np.clip(start + count - 1, 0, geometry.max_position)).ravel()
+    out[ends[1]:ends[2]] = np.where(real, block * size + position % size, scratch_slot).ravel()
+    out[ends[2]:ends[3]] = start[:, 0] + width
+    out[ends[3]:ends[4]] = table.ravel()
+    out[ends[4]:] = rows
     return host, int(rows.size)
