@@ -8,7 +8,8 @@ from torch import nn
 from engine_model.checkpoints import prefill_request
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
-from verifier_service.model.cpu_linear import ONEDNN_LINEAR_ENV, PrepackedLinear, onednn_linear_enabled
+from verifier_service.model.cpu_linear import (CHUNK_ROWS, ONEDNN_LINEAR_ENV, PrepackedLinear, onednn_linear_enabled,
+                                              padded_rows)
 
 pytestmark = pytest.mark.skipif(not onednn_linear_enabled(torch.device("cpu"), torch.float32),
                                 reason="this torch build has no oneDNN")
@@ -48,3 +49,20 @@ def test_cpu_runner_prepacks_every_linear_and_the_switch_turns_it_off(tiny_llama
     dense_logits, dense_kinds = logits_and_linears(tiny_llama)
     assert packed_kinds == {PrepackedLinear} and dense_kinds == {nn.Linear}
     torch.testing.assert_close(packed_logits, dense_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_row_counts_are_padded_to_a_few_shapes():
+    """oneDNN keeps a compiled primitive per input shape: at most 24 shapes per weight, ever."""
+    padded = {rows: padded_rows(rows) for rows in range(1, CHUNK_ROWS + 1)}
+    assert all(rows <= size <= max(rows, 1.5 * rows) for rows, size in padded.items())
+    assert all(padded[rows] == rows for rows in range(1, 17))  # decode / verify of small batches: exact
+    assert len(set(padded.values())) == 24 and max(padded.values()) == CHUNK_ROWS
+
+
+@pytest.mark.parametrize("num_rows", [17, 200, CHUNK_ROWS + 1, 3 * CHUNK_ROWS + 5])
+def test_padded_and_chunked_inputs_equal_f_linear(num_rows):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=True)
+    x = torch.randn(num_rows, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(PrepackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)

@@ -11,6 +11,13 @@ which eats most of what speculation saves. oneDNN with the weight pre-reordered 
 The results are float32 GEMMs with a different summation order: they differ from MKL's in the last
 bits (~1e-6 relative), the same order of difference as between two batch sizes. `SPECD_ONEDNN_LINEAR=0`
 keeps `nn.Linear` (e.g. to compare bit for bit against another MKL-based implementation).
+
+Memory: oneDNN (and PyTorch's ideep layer above it) cache one JIT-compiled primitive per input shape,
+~0.6 MB each, so a server that saw every row count from 1 to 8192 would hold gigabytes. Inputs are
+therefore padded to a few row counts (`padded_rows`: exact up to 16, then 1.33-1.5x steps up to 256)
+and larger inputs run in chunks of 256 rows (per-row cost is flat beyond ~64 rows on these CPUs): at
+most 24 shapes per weight shape, ~70 MB for the default model, all built when the weights are packed
+(`prepack_linears` runs each weight shape once per row count), so serving never grows them.
 """
 from __future__ import annotations
 
@@ -21,6 +28,19 @@ from torch import nn
 
 ONEDNN_LINEAR_ENV = "SPECD_ONEDNN_LINEAR"
 _DTYPES = (torch.float32, torch.bfloat16)
+CHUNK_ROWS = 256  # inputs with more rows run in chunks of this many
+_EXACT_ROWS = 16  # row counts up to this get a primitive each (decode and verify steps of small batches)
+
+
+def padded_rows(rows: int) -> int:
+    """The row count an input of `rows` (<= CHUNK_ROWS) is padded to: rows up to 16, then the next of
+    24, 32, 48, 64, 96, 128, 192, 256 (at most 1.5x the rows)."""
+    if rows <= _EXACT_ROWS:
+        return rows
+    size = _EXACT_ROWS
+    while size < rows:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3  # 16, 24, 32, 48, 64 ...
+    return size
 
 
 def onednn_linear_enabled(device: torch.device, dtype: torch.dtype) -> bool:
@@ -42,7 +62,17 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features] -> [num_tokens, out_features]."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if x.shape[0] <= CHUNK_ROWS:
+            return self._padded(x)
+        return torch.cat([self._padded(x[i:i + CHUNK_ROWS]) for i in range(0, x.shape[0], CHUNK_ROWS)])
+
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        size = padded_rows(rows)
+        if size != rows:  # extra zero rows: the same primitive serves every row count of the bucket
+            x = torch.cat([x, x.new_zeros(size - rows, x.shape[1])])
+        y = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return y if size == rows else y[:rows]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -53,10 +83,24 @@ def prepack_linears(model: nn.Module) -> int:
 
     A tied LM head gets its own packed copy; the embedding keeps the dense matrix it looks rows up in.
     """
-    replaced = 0
+    replaced: list[PrepackedLinear] = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PrepackedLinear(child))
-                replaced += 1
-    return replaced
+                replaced.append(PrepackedLinear(child))
+                setattr(parent, name, replaced[-1])
+    _build_primitives(replaced)
+    return len(replaced)
+
+
+@torch.inference_mode()
+def _build_primitives(linears: list[PrepackedLinear]) -> None:
+    """Runs one linear of each weight shape at every padded row count (oneDNN caches by shape, not data)."""
+    sizes = sorted({padded_rows(rows) for rows in range(1, CHUNK_ROWS + 1)})
+    seen = set()
+    for linear in linears:
+        key = (linear.in_features, linear.out_features, linear.bias is not None, linear.packed_weight.dtype)
+        if key not in seen:
+            seen.add(key)
+            for rows in sizes:
+                linear(torch.zeros(rows, linear.in_features, dtype=linear.packed_weight.dtype))
