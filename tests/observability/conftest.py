@@ -65,5 +65,9 @@ def traffic(stack, prometheus) -> Traffic:
             usages.append(response.json()["usage"])
         bad = client.post("/v1/completions", json={"model": "default", "prompt": "x", "max_tokens": -1})
         assert bad.status_code == 400, bad.text  # counted in specd_request_errors_total{code}
+    # The verifier exports a step's counts after the step, possibly after its last response went out:
+    # wait until a scrape holds the whole traffic, then for one more of every target.
+    drafted = sum(u["speculative"]["draft_tokens"] for u in usages)
+    prometheus.wait_for(f'sum(specd_spec_decode_num_draft_tokens_total{{namespace="{NAMESPACE}"}}) == {drafted}', bool)
     prometheus.wait_for_scrapes_after(time.time())
     return Traffic(usages)

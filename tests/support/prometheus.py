@@ -114,8 +114,13 @@ class PrometheusServer:
             time.sleep(POLL_INTERVAL_S)
 
     def wait_for_scrapes_after(self, moment: float, timeout: float = 30.0) -> None:
-        """Returns once every target has been scraped (successfully) after unix time `moment`."""
-        self.wait_for("min(timestamp(up == 1)) and on() count(up == 1) == count(up)",
+        """Returns once every target has been scraped (successfully) after unix time `moment`.
+
+        Counts the targets it was given: right after start-up Prometheus may not have scraped (or even
+        created the `up` series of) every target yet, and `count(up)` alone would accept the early ones.
+        """
+        num_targets = sum(len(addresses) for addresses in self.targets.values())
+        self.wait_for(f"min(timestamp(up == 1)) and on() count(up == 1) == {num_targets}",
                       lambda result: bool(result) and float(result[0]["value"][1]) > moment, timeout)
 
     def stop(self) -> None:
