@@ -140,15 +140,16 @@ def test_greedy_with_speculation_equals_without(checkpoint):
             assert gap < 0.1, f"{rid} differs at token {first} with a top-2 gap of {gap:.3f}: not a near-tie"
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.6])
-def test_a_decode_step_syncs_with_the_host_at_most_once(checkpoint, temperature):
+@pytest.mark.parametrize("temperature, filters, drafting", [(0.0, True, True), (0.6, True, True), (0.6, False, False)],
+                         ids=["greedy", "sampled-top-k-top-p", "sampled-plain-no-drafts"])
+def test_a_decode_step_syncs_with_the_host_at_most_once(checkpoint, temperature, filters, drafting):
     from support.proposers import BruteForceNgramProposer
     from verifier_service.engine.sampling_params import SamplingParams
 
-    engine = engine_for(checkpoint, BruteForceNgramProposer())
+    engine = engine_for(checkpoint, BruteForceNgramProposer() if drafting else None)
     for i, prompt in enumerate([PROMPTS[1], PROMPTS[0]]):
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=30, ignore_eos=True, temperature=temperature,
-                                                           top_p=0.9, top_k=50))
+                                                           top_p=0.9 if filters else 1.0, top_k=50 if filters else 0))
     engine.step()  # the prefill
     counts = []
     torch.cuda.set_sync_debug_mode("warn")
