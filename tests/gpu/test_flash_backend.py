@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from engine_model.checkpoints import random_block_tables
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
@@ -20,14 +21,8 @@ def random_layout(seed: int, batch: int, query_lens: list[int] | None = None):
               for _ in range(batch)]
     query = query_lens or [rng.choice([1, 5, rng.randrange(1, 400)]) if c else rng.randrange(1, 600) for c in cached]
     context = [c + q for c, q in zip(cached, query)]
-    needed = [-(-n // BLOCK) for n in context]
-    blocks = list(range(sum(needed) + 4))
-    rng.shuffle(blocks)
-    tables, used = [], 0
-    for n in needed:
-        tables.append(blocks[used:used + n])
-        used += n
-    return cached, query, tables, len(blocks)
+    num_blocks = sum(-(-n // BLOCK) for n in context) + 4
+    return cached, query, random_block_tables(num_blocks, context, BLOCK, seed), num_blocks
 
 
 def run_both(cached, query, tables, num_blocks, heads, kv_heads, head_dim, dtype, seed):

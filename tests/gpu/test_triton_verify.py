@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from engine_model.checkpoints import random_block_tables
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
@@ -19,17 +20,12 @@ def random_verify_step(seed: int, batch: int, width: int, kv_heads: int, group: 
     rng = random.Random(seed)
     context = [rng.randrange(width, 1500) for _ in range(batch)]
     context[0] = BLOCK + 1 if context[0] % BLOCK == 0 else context[0]
-    needed = [-(-n // BLOCK) for n in context]
-    blocks = list(range(sum(needed) + 3))
-    rng.shuffle(blocks)
-    tables, used = [], 0
-    for n in needed:
-        tables.append(blocks[used:used + n])
-        used += n
+    num_blocks = sum(-(-n // BLOCK) for n in context) + 3
+    tables = random_block_tables(num_blocks, context, BLOCK, seed)
     slots = [t[p // BLOCK] * BLOCK + p % BLOCK for t, n in zip(tables, context) for p in range(n - width, n)]
     metadata = AttentionMetadata.build([width] * batch, context, tables, slots, BLOCK, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    cache_shape = (len(blocks), BLOCK, kv_heads, head_dim)
+    cache_shape = (num_blocks, BLOCK, kv_heads, head_dim)
     k_cache = torch.randn(cache_shape, device="cuda", generator=gen).bfloat16()
     v_cache = torch.randn(cache_shape, device="cuda", generator=gen).bfloat16()
     query = torch.randn(batch * width, kv_heads * group, head_dim, device="cuda", generator=gen).bfloat16()

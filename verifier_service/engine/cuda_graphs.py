@@ -17,7 +17,7 @@ import torch
 
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
-from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs
+from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -49,7 +49,7 @@ class GraphedSteps:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _staging_size(self, batch: int, width: int) -> int:
-        return 4 * batch * width + batch + batch * self.max_blocks  # the last batch * width: logit rows
+        return sum(section_sizes(batch, width, self.max_blocks, num_rows=batch * width))
 
     # -- capture ----------------------------------------------------------------------------------
 
@@ -124,8 +124,9 @@ class GraphedSteps:
         host, num_rows = pack_graph_inputs(batch.requests, bucket, width, self.geometry, pin_memory=True)
         staging = self._staging[:host.shape[0]]
         staging.copy_(host, non_blocking=True)  # the step's one host-to-device copy
-        n, tables = bucket * width, bucket * self.max_blocks
-        ids, positions, slots, context_lens, block_tables, rows = staging.split([n, n, n, bucket, tables, num_rows])
+        n = bucket * width
+        ids, positions, slots, context_lens, block_tables, rows = staging.split(
+            section_sizes(bucket, width, self.max_blocks, num_rows))
         self._ids[:n].copy_(ids)
         self._positions[:n].copy_(positions)
         self._slots[:n].copy_(slots)

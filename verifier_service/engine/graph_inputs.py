@@ -1,7 +1,7 @@
 """The host side of a CUDA-graph step: every input of a [bucket, width] decode / verify step in one buffer.
 
-Layout, int64: [ids | positions | slots | context_lens | block tables | logit rows], sized
-(bucket * width) x 3 + bucket + bucket * max_blocks + (real rows). Sequence i owns rows
+Layout, int64: [ids | positions | slots | context_lens | block tables | logit rows], sized by
+`section_sizes` (which the graph runner splits the copied buffer with). Sequence i owns rows
 [i * width, (i + 1) * width); see cuda_graphs.py for why padding rows and padding sequences are safe:
 - a sequence with count < width tokens: padding rows get id 0, the position of its last token and a
   slot in the scratch block, (i * width + j) % block_size;
@@ -35,6 +35,12 @@ class GraphGeometry:
     max_position: int  # max_model_len - 1
 
 
+def section_sizes(bucket: int, width: int, max_blocks: int, num_rows: int) -> list[int]:
+    """Lengths of the buffer's sections: ids, positions, slots, context_lens, block tables, logit rows."""
+    num_inputs = bucket * width
+    return [num_inputs, num_inputs, num_inputs, bucket, bucket * max_blocks, num_rows]
+
+
 def pack_graph_inputs(requests: Sequence[ScheduledRequest], bucket: int, width: int,
                       geometry: GraphGeometry, pin_memory: bool) -> tuple[torch.Tensor, int]:
     """(the int64 host buffer of the module docstring, number of logit rows)."""
@@ -63,11 +69,10 @@ def pack_graph_inputs(requests: Sequence[ScheduledRequest], bucket: int, width: 
     block = np.take_along_axis(table, np.minimum(position // size, max_blocks - 1), axis=1)
     scratch_slot = scratch * size + (np.arange(bucket, dtype=np.int64)[:, None] * width + columns) % size
     rows = np.flatnonzero(real)
-    num_inputs = bucket * width
-    host = torch.empty(3 * num_inputs + bucket + bucket * max_blocks + rows.size, dtype=torch.int64,
-                       pin_memory=pin_memory)
+    sizes = section_sizes(bucket, width, max_blocks, rows.size)
+    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
     out = host.numpy()
-    ends = np.cumsum([num_inputs, num_inputs, num_inputs, bucket, bucket * max_blocks]).tolist()
+    ends = np.cumsum(sizes[:-1]).tolist()
     out[:len(ids)] = ids
     out[len(ids):ends[0]] = 0
     out[ends[0]:ends[1]] = np.where(real, position, np.clip(start + count - 1, 0, geometry.max_position)).ravel()

@@ -78,8 +78,7 @@ class ModelRunner:
         self.compiled = compile_model and self.device.type == "cuda"
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
             compile_regions(self.model)
-        self.prepacked = onednn_linear_enabled(self.device, self.dtype)
-        if self.prepacked:  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
+        if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
             prepack_linears(self.model)
         self.graphs: GraphedSteps | None = None
 

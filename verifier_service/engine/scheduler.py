@@ -175,10 +175,11 @@ class Scheduler:
         if not drafts:
             return  # no request drafted (the usual large-batch step): nothing to append
         for scheduled in batch.requests:
-            if not drafts.get(scheduled.request_id):
+            draft = drafts.get(scheduled.request_id)
+            if not draft:
                 continue
             request = self.requests.get(scheduled.request_id)
-            draft = list(drafts[scheduled.request_id])[:request.num_draft_slots if request else 0]
+            draft = list(draft)[:request.num_draft_slots if request else 0]
             valid = next((i for i, t in enumerate(draft) if not 0 <= t < self.vocab_size), len(draft))
             scheduled.token_ids = scheduled.token_ids + draft[:valid]
             scheduled.num_draft_tokens = valid

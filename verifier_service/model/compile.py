@@ -23,7 +23,7 @@ import torch
 from verifier_service.model.decoder import CausalLM
 
 
-def compile_regions(model: CausalLM, backend: str = "inductor") -> None:
+def compile_regions(model: CausalLM) -> None:
     """Replaces each layer's two regions and the final norm by compiled versions (in place, idempotent)."""
     # Prefill chunks, decode and verify steps differ only in num_tokens: allow one graph per region
     # and specialisation (single token / many) for each model this process loads.
@@ -32,15 +32,15 @@ def compile_regions(model: CausalLM, backend: str = "inductor") -> None:
     for layer in decoder.layers:
         if getattr(layer, "compiled", False):
             continue
-        layer.attention_inputs = _compiled(layer.attention_inputs, backend)
-        layer.attention_output = _compiled(layer.attention_output, backend)
+        layer.attention_inputs = _compiled(layer.attention_inputs)
+        layer.attention_output = _compiled(layer.attention_output)
         layer.compiled = True
     if not getattr(decoder.norm, "compiled", False):
-        decoder.norm.forward = _compiled(decoder.norm.forward, backend)
+        decoder.norm.forward = _compiled(decoder.norm.forward)
         decoder.norm.compiled = True
 
 
-def _compiled(method, backend: str):
+def _compiled(method):
     """method compiled twice: autotuned for one token (batch-1 decode), dynamic for everything else.
 
     cuBLAS picks poor kernels for one-row GEMMs of small models: Qwen3-0.6B's o_proj (1024 x 2048)
@@ -49,11 +49,8 @@ def _compiled(method, backend: str):
     Autotuning needs static shapes, so only the single-token graph gets it; it runs once, during the
     warm-up / CUDA graph capture before the service reports SERVING.
     """
-    dynamic = torch.compile(method, backend=backend, dynamic=True, fullgraph=True)
-    if backend != "inductor":
-        return dynamic
-    single = torch.compile(method, backend=backend, dynamic=False, fullgraph=True,
-                           mode="max-autotune-no-cudagraphs")
+    dynamic = torch.compile(method, dynamic=True, fullgraph=True)
+    single = torch.compile(method, dynamic=False, fullgraph=True, mode="max-autotune-no-cudagraphs")
 
     def run(hidden: torch.Tensor, *args):
         return (single if hidden.shape[0] == 1 else dynamic)(hidden, *args)

@@ -78,8 +78,8 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def prepack_linears(model: nn.Module) -> int:
-    """Replaces every nn.Linear in model by a PrepackedLinear (in place); returns how many.
+def prepack_linears(model: nn.Module) -> None:
+    """Replaces every nn.Linear in model by a PrepackedLinear (in place) and builds its oneDNN primitives.
 
     A tied LM head gets its own packed copy; the embedding keeps the dense matrix it looks rows up in.
     """
@@ -90,7 +90,6 @@ def prepack_linears(model: nn.Module) -> int:
                 replaced.append(PrepackedLinear(child))
                 setattr(parent, name, replaced[-1])
     _build_primitives(replaced)
-    return len(replaced)
 
 
 @torch.inference_mode()
