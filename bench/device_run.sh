@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
-#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [eager] [profile]
+#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [eager] [profile] [trace] [latency1] [before]
+# trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
+# before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
+# to compare before / after on the same machine in one call.
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -15,6 +18,10 @@ for part in "$@"; do
     latency8b) models llama3-8b && python3 bench/gpu_latency.py /tmp/models/llama3-8b --both 2>&1 | tee "$OUT/latency8b.log" | tail -8 ;;
     throughput) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/throughput.log" | tail -9 ;;
     profile) models qwen3-0.6b && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/profile.log" | grep "kernels per step" && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b --no-compile 2>&1 | tee "$OUT/profile_nocompile.log" | grep "kernels per step" ;;
+    trace) models qwen3-0.6b && python3 bench/gpu_profile_step.py /tmp/models/qwen3-0.6b --trace >"$OUT/trace.log" 2>&1; grep "kernels per step" "$OUT/trace.log" ;;
+    latency1) models qwen3-0.6b && python3 bench/gpu_latency.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/latency1.log" | tail -4 ;;
+    before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_latency.py /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/latency_before.log" | tail -4 ;;
+    async) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive --schedule sync,async,sync,async 2>&1 | tee "$OUT/throughput_async.log" | tail -11 ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
   esac
 done

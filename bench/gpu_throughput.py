@@ -1,8 +1,11 @@
 """Throughput on nano-vllm's bench.py workload: 256 sequences, input and output lengths uniform in
 [100, 1024], random token ids, temperature 0.6, ignore_eos; per engine configuration (see CONFIGS).
 
-Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...] [--cprofile]
+Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
+       [--schedule async,sync,...] [--cprofile]
 Throughput = output tokens / wall time of the whole run (prefill included), as nano-vllm counts it.
+--schedule runs the workload once per entry on the same engine (one compile and capture), with async
+scheduling on or off (engine.py), so the two can be compared on one host, alternating.
 """
 from __future__ import annotations
 
@@ -49,7 +52,8 @@ def run(engine: Engine, prompts, max_tokens) -> tuple[float, int]:
     return time.perf_counter() - start, produced
 
 
-def measure(name: str, model: str, eager: bool, prompts, max_tokens, profile: bool = False) -> dict:
+def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: list[str],
+            profile: bool = False) -> list[dict]:
     speculation, changes = CONFIGS[name]
     config = EngineConfig(model=model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
                           kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
@@ -64,7 +68,21 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, profile: bo
     engine = Engine(config, proposer)
     run(engine, [prompts[0][:100]], [16])  # warm-up (compiles the prefill shapes)
     load_s = time.perf_counter() - started
-    engine.take_step_stats()
+    rows = []
+    for schedule in schedules:
+        engine.async_scheduling = schedule == "async"
+        engine.take_step_stats()
+        rows.append(measure_run(engine, f"{name}/{schedule}", prompts, max_tokens, profile, config.max_num_seqs))
+        rows[-1]["load_compile_capture_s"] = load_s
+        print(json.dumps(rows[-1]), flush=True)
+    del engine
+    torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def measure_run(engine: Engine, name: str, prompts, max_tokens, profile: bool, max_num_seqs: int) -> dict:
     if profile:  # where the host's time goes (cProfile slows Python code; read the ranking, not the totals)
         import cProfile
         import pstats
@@ -80,20 +98,15 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, profile: bo
     for s in stats:
         for stage, stage_s in s.stage_seconds.items():
             stages[stage] = stages.get(stage, 0.0) + stage_s
-    prefill = [s for s in stats if s.num_tokens > 2 * config.max_num_seqs]  # steps carrying prompt chunks
-    row = {"config": name, "seconds": seconds, "output_tokens": produced, "tok_per_s": produced / seconds,
-           "steps": len(stats), "steps_with_drafts": len(spec), "draft_tokens": sum(s.num_draft_tokens for s in spec),
-           "accepted_tokens": sum(s.num_accepted_tokens for s in spec),
-           "draft_skips": sum(s.num_draft_skips for s in stats), "load_compile_capture_s": load_s,
-           "graphs": engine.runner.graphs is not None,
-           "stage_seconds": {k: round(v, 3) for k, v in stages.items()},  # where the wall time went
-           "prefill_steps": len(prefill), "prefill_seconds": round(sum(sum(s.stage_seconds.values()) for s in prefill), 3)}
-    print(json.dumps(row), flush=True)
-    del engine
-    torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
-    gc.collect()
-    torch.cuda.empty_cache()
-    return row
+    prefill = [s for s in stats if s.num_tokens > 2 * max_num_seqs]  # steps carrying prompt chunks
+    return {"config": name, "seconds": seconds, "output_tokens": produced, "tok_per_s": produced / seconds,
+            "steps": len(stats), "steps_with_drafts": len(spec), "draft_tokens": sum(s.num_draft_tokens for s in spec),
+            "accepted_tokens": sum(s.num_accepted_tokens for s in spec),
+            "draft_skips": sum(s.num_draft_skips for s in stats),
+            "graphs": engine.runner.graphs is not None,
+            "stage_seconds": {k: round(v, 3) for k, v in stages.items()},  # where the wall time went
+            "prefill_steps": len(prefill),
+            "prefill_seconds": round(sum(sum(s.stage_seconds.values()) for s in prefill), 3)}
 
 
 def main() -> None:
@@ -102,10 +115,13 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--schedule", default="async", help="async / sync per run of each config, e.g. async,sync")
     parser.add_argument("--cprofile", action="store_true", help="print the host's hottest functions per config")
     args = parser.parse_args()
     prompts, max_tokens = workload(args.num_seqs)
-    rows = [measure(name, args.model, args.eager, prompts, max_tokens, args.cprofile) for name in args.configs.split(",")]
+    schedules = args.schedule.split(",")
+    rows = [row for name in args.configs.split(",")
+            for row in measure(name, args.model, args.eager, prompts, max_tokens, schedules, args.cprofile)]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "rows": rows}, indent=1))
     print(f"\n{card}, {args.num_seqs} seqs, {'eager' if args.eager else 'CUDA graphs'}")

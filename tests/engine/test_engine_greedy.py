@@ -3,6 +3,8 @@
 Eight prompts of different lengths decode together for 64 tokens; the engine with n-gram, oracle and
 adversarial drafts, and without drafts, must all equal transformers' greedy generate token for token.
 """
+import dataclasses
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -80,6 +82,36 @@ def test_greedy_with_any_drafts_equals_transformers_generate(kind, prompts, hf_g
         assert accepted == 0 and sum(s.num_draft_tokens for s in spec) > 0
     if kind == "ngram":
         assert accepted > 0
+
+
+@pytest.mark.parametrize("kind", ["none", "ngram"])
+def test_async_scheduling_equals_transformers_generate(kind, prompts, hf_greedy, runner):
+    """Steps launched before the previous one's tokens reach the host (fed from its result tensor) give the
+    same greedy output; with a proposer, drafting resumes once 4 requests are left (half stop early)."""
+    overlapped = []
+
+    class CountingRunner:  # the real runner; counts the batches that took tokens from the previous step
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        def execute(self, batch):
+            overlapped.append(batch.previous_tokens is not None)
+            return runner.execute(batch)
+
+    config = dataclasses.replace(CONFIG, async_scheduling=True, max_draft_batch_size=4)
+    proposer = BruteForceNgramProposer() if kind == "ngram" else None
+    engine = Engine(config, proposer=proposer, runner=CountingRunner())
+    lengths = {f"p{i}": MAX_TOKENS // 4 if i % 2 else MAX_TOKENS for i in range(len(prompts))}  # 4 finish early
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"p{index}", prompt, SamplingParams(max_tokens=lengths[f"p{index}"], ignore_eos=True))
+    outputs = {rid: [] for rid in lengths}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            outputs[output.request_id] += output.new_token_ids
+    assert outputs == {rid: hf_greedy[rid][:n] for rid, n in lengths.items()}
+    assert sum(overlapped) >= MAX_TOKENS // 4 - 2
+    if proposer is not None:
+        assert sum(s.spec_decoding.num_accepted_tokens for s in engine.take_step_stats() if s.spec_decoding) > 0
 
 
 def test_tiny_kv_budget_preempts_and_leaves_greedy_output_unchanged(prompts, hf_greedy):

@@ -1,30 +1,13 @@
 """Scheduler and step-loop behaviour with a fake paged runner (fast; the real model is in test_engine_greedy)."""
 import pytest
 
-from support.fake_runner import FakePagedRunner, greedy_reference
+from support.fake_runner import FakePagedRunner
+from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references, run
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.outputs import FinishReason
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
-
-VOCAB = 32
-PROMPTS = {f"r{i}": [(7 * i + j * j) % VOCAB for j in range(3 + 5 * i)] for i in range(6)}
-MAX_TOKENS = 20
-
-
-def run(engine: Engine) -> dict[str, list[int]]:
-    """Step until done; returns each request's whole output, checking nothing follows a finish."""
-    outputs: dict[str, list[int]] = {}
-    finished: set[str] = set()
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            assert output.request_id not in finished
-            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
-            if output.finished:
-                finished.add(output.request_id)
-    return outputs
-
 
 def make_engine(proposer=None, **config) -> Engine:
     runner = FakePagedRunner(num_blocks=config.pop("num_blocks", 64), vocab_size=VOCAB)
@@ -32,18 +15,9 @@ def make_engine(proposer=None, **config) -> Engine:
     return Engine(EngineConfig(**config), proposer=proposer, runner=runner)
 
 
-def add_all(engine: Engine, params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) -> None:
-    for request_id, prompt in PROMPTS.items():
-        engine.add_request(request_id, prompt, params)
-
-
 @pytest.fixture(scope="module")
 def references() -> dict[str, list[int]]:
-    return {rid: prompt + greedy_reference(prompt, MAX_TOKENS + 8, VOCAB) for rid, prompt in PROMPTS.items()}
-
-
-def expected(references):
-    return {rid: ref[len(PROMPTS[rid]):len(PROMPTS[rid]) + MAX_TOKENS] for rid, ref in references.items()}
+    return greedy_references()
 
 
 @pytest.mark.parametrize("kind", ["none", "oracle", "adversarial", "ngram"])

@@ -90,13 +90,14 @@ def test_prefill_and_oversize_batches_run_eagerly(checkpoint):
     assert runner.graphs.shape_for(too_many) is None
 
 
-def engine_for(checkpoint, proposer, enforce_eager=False):
+def engine_for(checkpoint, proposer, enforce_eager=False, async_scheduling=None):
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine
 
     config = EngineConfig(model=str(checkpoint), device="cuda", dtype="bfloat16", block_size=BLOCK,
                           kv_cache_bytes=64 << 20, max_num_seqs=8, num_speculative_tokens=4,
-                          enforce_eager=enforce_eager, enable_prefix_caching=False)
+                          enforce_eager=enforce_eager, enable_prefix_caching=False,
+                          async_scheduling=async_scheduling)
     return Engine(config, proposer)
 
 
@@ -163,3 +164,32 @@ def test_a_decode_step_syncs_with_the_host_at_most_once(checkpoint, temperature,
         torch.cuda.set_sync_debug_mode(0)
     print("host syncs per step:", counts)
     assert counts and max(counts) <= 1, counts
+
+
+def test_async_scheduling_gives_the_synchronous_output_token_for_token(checkpoint):
+    """Same forwards in the same order, the next step's first tokens taken from the device: identical output
+    (greedy and seeded sampling), with requests ending at different steps by length and by a stop token."""
+    from verifier_service.engine.sampling_params import SamplingParams
+
+    def outputs(async_scheduling: bool) -> dict[str, list[int]]:
+        engine = engine_for(checkpoint, None, async_scheduling=async_scheduling)
+        assert engine.async_scheduling is async_scheduling and engine.runner.graphs is not None
+        requests = {
+            "greedy": SamplingParams(max_tokens=40, ignore_eos=True),
+            "short": SamplingParams(max_tokens=7, ignore_eos=True),
+            "seeded": SamplingParams(max_tokens=33, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True),
+            "stops": SamplingParams(max_tokens=40, stop_token_ids=(stop,)),
+        }
+        for (rid, params), prompt in zip(requests.items(), [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50], PROMPTS[0]]):
+            engine.add_request(rid, prompt, params)
+        result = {rid: [] for rid in requests}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                result[out.request_id] += out.new_token_ids
+        assert engine.block_manager.num_used_blocks == 0
+        return result
+
+    stop = generate(engine_for(checkpoint, None, async_scheduling=False), [PROMPTS[0]])["r0"][12]
+    synchronous, overlapped = outputs(False), outputs(True)
+    assert overlapped == synchronous
+    assert len(synchronous["stops"]) <= 13 and synchronous["stops"][-1] == stop

@@ -36,12 +36,17 @@ class FakePagedRunner:
         self.device = torch.device("cpu")
         self.slots = [-1] * (num_blocks * block_size)  # the "KV cache": the token id at each slot
         self.num_computed_tokens = 0  # tokens fed through execute, to see prefix-cache hits
+        self.num_previous_tokens_fed = 0  # first tokens taken from the previous step's device result
 
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
         rows = []
         for request in batch.requests:
             assert len(request.block_table) * self.block_size >= request.context_len, "block table too short"
-            for offset, token in enumerate(request.token_ids):
+            token_ids = list(request.token_ids)
+            if request.previous_token_row >= 0:  # async scheduling: the token the previous step sampled
+                token_ids[0] = int(batch.previous_tokens[request.previous_token_row])
+                self.num_previous_tokens_fed += 1
+            for offset, token in enumerate(token_ids):
                 self.slots[self._slot(request.block_table, request.start_position + offset)] = token
             self.num_computed_tokens += request.num_tokens
             for position in range(request.context_len - request.num_logits, request.context_len):

@@ -3,10 +3,16 @@
 Draft tokens are simply extra scheduled tokens: a decoding request feeds [last token] + drafts, a
 prefilling request feeds a chunk of its prompt. Every request's tokens are contiguous in the
 flattened batch, in the order of `requests`.
+
+With async scheduling a step is scheduled while the previous one still runs, so a request's first token
+may be one the device has sampled but the host has not seen yet: its token_ids[0] is then a placeholder
+and `previous_token_row` says which entry of `previous_tokens` (on the device) the runner feeds instead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -17,6 +23,7 @@ class ScheduledRequest:
     block_table: list[int]  # KV block ids covering positions [0, start_position + len(token_ids))
     num_draft_tokens: int  # trailing entries of token_ids that are drafts
     num_logits: int  # trailing positions that need logits: 0 (a chunk before the prompt's end) or 1 + drafts
+    previous_token_row: int = -1  # >= 0: token_ids[0] is the batch's previous_tokens[previous_token_row]
 
     @property
     def num_tokens(self) -> int:
@@ -31,6 +38,7 @@ class ScheduledRequest:
 @dataclass
 class ScheduledBatch:
     requests: list[ScheduledRequest]
+    previous_tokens: torch.Tensor | None = None  # [n] int64 on the device: tokens the previous step sampled
 
     @property
     def num_tokens(self) -> int:

@@ -24,6 +24,9 @@ class EngineConfig:
     adaptive_drafting: back a request off drafting while its drafts are rejected, and draft in no step with
         more than max_draft_batch_size running requests (engine/draft_policy.py); output is unchanged.
     max_draft_batch_size: see adaptive_drafting (0 = no limit).
+    async_scheduling: schedule and launch the next step while the device runs this one, where no drafts
+        are involved (engine.py); None = on CUDA only (on the CPU the forward runs synchronously, so
+        overlapping would only delay each step's tokens by one forward).
     """
 
     model: str = "default"
@@ -43,6 +46,7 @@ class EngineConfig:
     compile_model: bool = True
     adaptive_drafting: bool = True
     max_draft_batch_size: int = 32
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         checks = [

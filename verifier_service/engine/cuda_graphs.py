@@ -18,6 +18,7 @@ import torch
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes
+from verifier_service.engine.previous_tokens import feed_previous_tokens
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -128,6 +129,7 @@ class GraphedSteps:
         ids, positions, slots, context_lens, block_tables, rows = staging.split(
             section_sizes(bucket, width, self.max_blocks, num_rows))
         self._ids[:n].copy_(ids)
+        feed_previous_tokens(self._ids, batch, width)  # tokens the previous step sampled, still on the device
         self._positions[:n].copy_(positions)
         self._slots[:n].copy_(slots)
         self._context_lens[:bucket].copy_(context_lens)

@@ -2,6 +2,14 @@
 
 Driven from a single thread (the verifier runs it off the asyncio loop). add_request and abort may be
 called from other threads: a lock guards the scheduler's state, and is never held during the forward.
+
+Async scheduling (on CUDA by default): the forward and the verification are launched on the device
+and their result is copied back only at the end of the step; in between, when the step has no drafts
+and the next one will not draft either (no proposer, or more running requests than draft at all), the
+next step is scheduled and launched already, feeding it the tokens this step samples straight from the
+device (scheduler.schedule_ahead, previous_tokens.py). The host's scheduling, packing and launching
+then overlap the device's work instead of leaving it idle. Output is unchanged: the same forwards run
+in the same order; a request that a stop token ends has one more token computed and dropped.
 """
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -18,7 +27,7 @@ from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
 from verifier_service.engine.proposer import Proposer
-from verifier_service.engine.rejection_sampler import VerifiedTokens, verify
+from verifier_service.engine.rejection_sampler import PendingVerification, VerifiedTokens, verify_async
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
@@ -26,6 +35,15 @@ from verifier_service.engine.scheduler import Scheduler
 from verifier_service.engine.stats import StepStats, StepStatsLog, count_spec_decoding, timed_stage
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose forward and verification are queued on the device; its tokens are not on the host yet."""
+
+    batch: ScheduledBatch
+    requests: list[Request]  # the engine's Request of each batch entry
+    verification: PendingVerification | None  # None: no request had logits
 
 
 class Engine:
@@ -56,6 +74,8 @@ class Engine:
         self._arrivals = itertools.count()
         self._aborted: list[RequestOutput] = []  # reported by the next step
         self._released: list[str] = []  # to tell the proposer, from the step thread
+        self.async_scheduling = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+        self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -82,7 +102,7 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
-            return self.scheduler.has_unfinished_requests() or bool(self._aborted)
+            return self.scheduler.has_unfinished_requests() or bool(self._aborted) or self._in_flight is not None
 
     def load(self) -> EngineLoad:
         with self._lock:
@@ -96,21 +116,57 @@ class Engine:
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule -> propose -> score -> verify -> update."""
-        batch, requests = self._schedule()
-        self._propose(batch)
-        logits = self._score(batch)
-        verified = self._verify(batch, requests, logits)
-        return self._update(batch, verified)
+        """One iteration: schedule -> propose -> score -> verify -> update (see the module docstring)."""
+        self.step_stats.begin()
+        launched, self._in_flight = self._in_flight, None
+        try:
+            if launched is None:
+                batch, requests = self._schedule()
+                self._propose(batch)
+                launched = self._launch(batch, requests)
+            if self._may_schedule_ahead(launched):
+                self._in_flight = self._launch_ahead(launched)
+            return self._update(launched.batch, self._collect(launched))
+        except BaseException:
+            self._in_flight = None  # the loop fails (aborts) every live request after a failed step
+            raise
+
+    def _may_schedule_ahead(self, launched: LaunchedStep) -> bool:
+        """Whether the next step can run without this one's tokens on the host (no drafts either side)."""
+        if not self.async_scheduling or not launched.batch:
+            return False
+        if any(s.num_draft_tokens for s in launched.batch.requests):
+            return False  # how many tokens it emits is known only after verification
+        with self._lock:
+            return self.proposer is None or not self.scheduler.may_draft()
+
+    def _launch_ahead(self, previous: LaunchedStep) -> LaunchedStep | None:
+        """Schedules and launches the next step, fed previous's sampled tokens on the device."""
+        batch, requests = self._schedule(previous.batch)
+        if not batch:
+            return None
+        if previous.verification is not None:
+            indices = previous.verification.metadata.batch_indices
+            rows = {previous.batch.requests[index].request_id: row for row, index in enumerate(indices)}
+            for scheduled in batch.requests:  # a request that got a token last step feeds it first now
+                scheduled.previous_token_row = rows.get(scheduled.request_id, -1)
+            batch.previous_tokens = previous.verification.first_tokens
+        return self._launch(batch, requests)
+
+    def _launch(self, batch: ScheduledBatch, requests: list[Request]) -> LaunchedStep:
+        return LaunchedStep(batch, requests, self._verify(batch, requests, self._score(batch)))
 
     @timed_stage("schedule")
-    def _schedule(self) -> tuple[ScheduledBatch, list[Request]]:
-        self.step_stats.begin()
+    def _schedule(self, in_flight: ScheduledBatch | None = None) -> tuple[ScheduledBatch, list[Request]]:
+        """This step's batch; with in_flight (a launched step without drafts), the one after it."""
         with self._lock:
             preemptions_before, skips_before = self.scheduler.num_preemptions, self._num_draft_skips()
-            batch = self.scheduler.schedule()
-            self.step_stats.current.num_preemptions = self.scheduler.num_preemptions - preemptions_before
-            self.step_stats.current.num_draft_skips = self._num_draft_skips() - skips_before
+            if in_flight is None:
+                batch = self.scheduler.schedule()
+            else:
+                batch = self.scheduler.schedule_ahead(in_flight)
+            self.step_stats.current.num_preemptions += self.scheduler.num_preemptions - preemptions_before
+            self.step_stats.current.num_draft_skips += self._num_draft_skips() - skips_before
             return batch, [self.scheduler.requests[s.request_id] for s in batch.requests]
 
     def _num_draft_skips(self) -> int:
@@ -133,15 +189,24 @@ class Engine:
 
     @timed_stage("score")
     def _score(self, batch: ScheduledBatch) -> torch.Tensor | None:
-        self.step_stats.current.num_tokens = batch.num_tokens
+        """Launches the forward (on CUDA the host returns before the device is done)."""
+        self.step_stats.current.num_tokens += batch.num_tokens
         return self.runner.execute(batch) if batch else None
 
     @timed_stage("verify")
     def _verify(self, batch: ScheduledBatch, requests: list[Request],
-                logits: torch.Tensor | None) -> VerifiedTokens:  # logits: [batch.num_logits, vocab]
+                logits: torch.Tensor | None) -> PendingVerification | None:  # logits: [batch.num_logits, vocab]
+        """Launches rejection sampling for the whole batch."""
         if logits is None or batch.num_logits == 0:
-            return VerifiedTokens([[] for _ in batch.requests], [0] * len(batch.requests))
-        return verify(logits, SamplingMetadata.build(batch, requests, logits.device))
+            return None
+        return verify_async(logits, SamplingMetadata.build(batch, requests, logits.device))
+
+    @timed_stage("verify")
+    def _collect(self, launched: LaunchedStep) -> VerifiedTokens:
+        """Waits for a launched step's tokens: the step's one device-to-host copy."""
+        if launched.verification is None:
+            return VerifiedTokens([[] for _ in launched.batch.requests], [0] * len(launched.batch.requests))
+        return launched.verification.result()
 
     @timed_stage("update")
     def _update(self, batch: ScheduledBatch, verified: VerifiedTokens) -> list[RequestOutput]:

@@ -16,6 +16,7 @@ from verifier_service.attention.metadata import AttentionMetadata, attention_con
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
+from verifier_service.engine.previous_tokens import feed_previous_tokens
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
@@ -123,6 +124,7 @@ class ModelRunner:
         # One host-to-device copy for the token ids, their positions and the rows that need logits.
         packed = self._to_device(input_ids + positions + logit_rows)
         token_tensor, position_tensor, row_tensor = packed.split([len(input_ids), len(positions), len(logit_rows)])
+        feed_previous_tokens(token_tensor, batch)  # tokens the previous step sampled, still on the device
         with attention_context(metadata):
             hidden = self.model(token_tensor, position_tensor)  # [num_tokens, hidden_size]
         if not logit_rows:

@@ -17,7 +17,8 @@ probability p(x)", and its residual max(0, p - q), normalised, becomes p with x 
 Each emitted token is then distributed exactly as p_j: P(x) = p(x), and any other y is emitted with
 (1 - p(x)) * p(y) / (1 - p(x)) = p(y). p is the filtered target (temperature, top-k, top-p, min-p).
 
-Everything runs on the whole batch with tensor ops; the result reaches the host in one copy.
+Everything runs on the whole batch with tensor ops; the result reaches the host in one copy, which
+verify_async leaves queued so the engine can launch the next step before waiting for it.
 """
 from __future__ import annotations
 
@@ -37,11 +38,43 @@ class VerifiedTokens:
     num_accepted: list[int]  # drafts accepted
 
 
+class PendingVerification:
+    """A verify result still on the device: its copy to the host is queued behind the step's kernels.
+
+    first_tokens [num_requests] (device): each request's first emitted token, in the order of
+    metadata.batch_indices; for a step without drafts that is the one token it emits, which the next
+    step can take as input before the host has seen it (the engine's async scheduling).
+    """
+
+    def __init__(self, rows: torch.Tensor, metadata: SamplingMetadata):  # rows: [num_requests, max_drafts + 2]
+        self.first_tokens = rows[:, 0]
+        self.metadata = metadata
+        self._ready: torch.cuda.Event | None = None
+        if rows.is_cuda:  # non-blocking into pinned memory; result() waits for this copy only
+            self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            self._host.copy_(rows, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = rows
+
+    def result(self) -> VerifiedTokens:
+        """Waits for the step (the one device-to-host copy) and unpacks it per request."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return _unpack(self._host.tolist(), self.metadata)
+
+
 def verify(
     logits: torch.Tensor,  # [num_rows, vocab] float32: rows of each request with logits, in batch order
     metadata: SamplingMetadata,
 ) -> VerifiedTokens:
     """Accept or reject every request's drafts and choose the token that follows them."""
+    return verify_async(logits, metadata).result()
+
+
+def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVerification:
+    """verify, with the result left on the device until PendingVerification.result() asks for it."""
     accepted, replacement = _judge_rows(logits, metadata)  # [num_rows] bool, [num_rows] int64
     num_columns = metadata.row_index.shape[1]  # max drafts + 1
     accepted_padded = accepted[metadata.row_index[:, :-1]] & metadata.draft_mask  # [num_requests, max_drafts]
@@ -49,8 +82,7 @@ def verify(
     columns = torch.arange(num_columns, device=logits.device).unsqueeze(0)
     drafts = torch.nn.functional.pad(metadata.draft_token_ids, (0, 1))  # [num_requests, max_drafts + 1]
     output = torch.where(columns < num_accepted.unsqueeze(1), drafts, replacement[metadata.row_index])
-    host = torch.cat([output, num_accepted.unsqueeze(1)], dim=1).tolist()  # the one device-to-host copy
-    return _unpack(host, metadata)
+    return PendingVerification(torch.cat([output, num_accepted.unsqueeze(1)], dim=1), metadata)
 
 
 def _judge_rows(

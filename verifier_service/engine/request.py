@@ -37,6 +37,7 @@ class Request:
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.num_draft_slots = 0  # KV slots reserved for drafts in the current step
+        self.num_pending_tokens = 0  # trailing outputs that are placeholders for tokens still on the device
         self.draft_backoff = DraftBackoff()  # whether drafting pays off for this request (draft_policy.py)
         self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
         self.generator = _seeded_generator(params.seed, device)
@@ -59,6 +60,10 @@ class Request:
     def append_output(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self.token_ids.extend(token_ids)
+
+    def drop_last_output(self) -> None:
+        self.output_token_ids.pop()
+        self.token_ids.pop()
 
     def reset_for_recompute(self) -> None:
         """After preemption: the KV cache holds nothing; prompt + output are prefilled again later."""

@@ -4,6 +4,13 @@ A pair of calls, as in vLLM V1: schedule() picks this step's tokens, update() ap
 verifier accepted. Each running request feeds tokens[num_computed:] (a prompt chunk, or just its last
 sampled token) and, when decoding, up to k draft slots whose KV blocks are reserved here before the
 proposer runs; add_drafts() then puts the actual drafts (maybe fewer) into the batch.
+
+Async scheduling: schedule_ahead(in_flight) plans the next step while `in_flight` (a step without drafts)
+still runs. Each request of it that gets logits will emit exactly one token, so the request is advanced
+now with a placeholder for that token (PENDING_TOKEN); update() later puts the real token in its place.
+A step scheduled ahead has no drafts (the drafter needs the real tokens) and preempts nobody (a preempted
+request would lose its token in flight). A request stopped by a stop token in update() may already be in
+the step scheduled ahead: that step's result for it is dropped (one token of work wasted, output exact).
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ from verifier_service.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from verifier_service.engine.rejection_sampler import VerifiedTokens
+
+PENDING_TOKEN = 0  # stands for a token sampled on the device but not yet seen by the host (a valid id)
 
 
 class Scheduler:
@@ -62,6 +71,28 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         """This step's tokens for running requests first (oldest first), then newly admitted ones."""
+        return self._schedule(ahead=False)
+
+    def schedule_ahead(self, in_flight: ScheduledBatch) -> ScheduledBatch:
+        """The next step's batch while in_flight (no drafts) runs; see the module docstring."""
+        for scheduled in in_flight.requests:
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted while it ran
+            request.num_computed_tokens = scheduled.context_len
+            if scheduled.num_logits:
+                request.append_output([PENDING_TOKEN])
+                request.num_pending_tokens += 1
+        return self._schedule(ahead=True)
+
+    def may_draft(self) -> bool:
+        """Whether the next schedule() could reserve draft slots (then it must not be scheduled ahead)."""
+        policy = self.draft_policy
+        if policy is not None and 0 < policy.config.max_batch_size < len(self.running):
+            return False  # a step this large drafts for nobody
+        return any(self._speculative_tokens(request) > 0 for request in self.running)
+
+    def _schedule(self, ahead: bool) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
         if self.draft_policy is not None:
             self.draft_policy.begin_step(len(self.running))
@@ -70,29 +101,39 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_tokens, num_slots = self._plan(request, request.num_computed_tokens, budget)
+            if ahead and self._ends_with_pending_token(request):
+                index += 1  # its last token, still in flight, finishes it: nothing to feed
+                continue
+            num_tokens, num_slots = self._plan(request, request.num_computed_tokens, budget, drafts=not ahead)
             if self._grow(request, num_tokens + num_slots):
                 scheduled.append(self._scheduled(request, num_tokens, num_slots))
                 budget -= num_tokens + num_slots
                 index += 1
                 continue
+            if ahead:
+                return ScheduledBatch(scheduled)  # out of blocks: the synchronous step after this one preempts
             victim = self.running.pop()  # out of blocks: recompute the newest request later
             self._preempt(victim)
             preempted = True
             if victim is request:
                 break
         if not preempted:  # admitting while preempting would only thrash
-            scheduled += self._admit(budget)
+            scheduled += self._admit(budget, drafts=not ahead)
         return ScheduledBatch(scheduled)
 
-    def _admit(self, budget: int) -> list[ScheduledRequest]:
+    def _ends_with_pending_token(self, request: Request) -> bool:
+        """The token in flight reaches max_tokens or max_model_len (a stop token is only known later)."""
+        return request.num_pending_tokens > 0 and (request.num_output_tokens >= request.params.max_tokens
+                                                   or request.num_tokens >= self.max_model_len)
+
+    def _admit(self, budget: int, drafts: bool) -> list[ScheduledRequest]:
         scheduled = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             # Leave at least the last token to compute: its logits choose the next token.
             cached = self.block_manager.find_cached_prefix(request.token_ids[:-1])
             num_cached_tokens = len(cached) * self.block_manager.block_size
-            num_tokens, num_slots = self._plan(request, num_cached_tokens, budget)
+            num_tokens, num_slots = self._plan(request, num_cached_tokens, budget, drafts)
             num_new_blocks = self.block_manager.blocks_needed(
                 num_cached_tokens + num_tokens + num_slots) - len(cached)
             num_revived = sum(1 for b in cached if self.block_manager.blocks[b].ref_count == 0)
@@ -109,11 +150,11 @@ class Scheduler:
             budget -= num_tokens + num_slots
         return scheduled
 
-    def _plan(self, request: Request, num_computed: int, budget: int) -> tuple[int, int]:
+    def _plan(self, request: Request, num_computed: int, budget: int, drafts: bool) -> tuple[int, int]:
         """(tokens to feed, draft slots): a prompt chunk, or the last token plus up to k drafts."""
         num_remaining = request.num_tokens - num_computed
         num_tokens = min(num_remaining, budget)
-        if num_remaining > 1:
+        if num_remaining > 1 or not drafts:
             return num_tokens, 0
         max_drafts = self._max_drafts(request)
         if max_drafts > 0 and self.draft_policy is not None and not self.draft_policy.allows(request.draft_backoff):
@@ -122,12 +163,15 @@ class Scheduler:
 
     def _max_drafts(self, request: Request) -> int:
         """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1)."""
-        k = request.params.num_speculative_tokens
-        k = self.num_speculative_tokens if k is None else k
+        k = self._speculative_tokens(request)
         if k <= 0:
             return 0
         return min(k, request.params.max_tokens - request.num_output_tokens - 1,
                    self.max_model_len - request.num_tokens - 1)
+
+    def _speculative_tokens(self, request: Request) -> int:
+        k = request.params.num_speculative_tokens
+        return self.num_speculative_tokens if k is None else k
 
     def _grow(self, request: Request, num_new_slots: int) -> bool:
         """Make the block table cover num_new_slots more positions; False if blocks ran out."""
@@ -209,6 +253,9 @@ class Scheduler:
     def _emit(self, request: Request, scheduled: ScheduledRequest, token_ids: list[int],
               num_accepted: int) -> RequestOutput:
         params = request.params
+        if request.num_pending_tokens:  # advanced by schedule_ahead: the real token replaces the placeholder
+            request.drop_last_output()
+            request.num_pending_tokens -= 1
         token_ids = token_ids[:min(params.max_tokens - request.num_output_tokens,
                                    self.max_model_len - request.num_tokens)]
         stop_at = None

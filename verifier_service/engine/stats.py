@@ -77,7 +77,7 @@ T = TypeVar("T")
 
 
 def timed_stage(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Decorates an engine method so its seconds land in self.step_stats.current.stage_seconds[stage]."""
+    """Decorates an engine method so its seconds add up in self.step_stats.current.stage_seconds[stage]."""
 
     def decorate(method: Callable[..., T]) -> Callable[..., T]:
         @wraps(method)
@@ -86,7 +86,8 @@ def timed_stage(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
             try:
                 return method(self, *args, **kwargs)
             finally:
-                self.step_stats.current.stage_seconds[stage] = time.perf_counter() - started
+                seconds = self.step_stats.current.stage_seconds
+                seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
         return wrapper
 

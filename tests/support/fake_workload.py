@@ -1,0 +1,38 @@
+"""The engine-logic tests' workload for the fake paged runner: six prompts, greedy references, a step loop."""
+from __future__ import annotations
+
+from support.fake_runner import greedy_reference
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.sampling_params import SamplingParams
+
+VOCAB = 32
+PROMPTS = {f"r{i}": [(7 * i + j * j) % VOCAB for j in range(3 + 5 * i)] for i in range(6)}
+MAX_TOKENS = 20
+
+
+def run(engine: Engine) -> dict[str, list[int]]:
+    """Step until done; returns each request's whole output, checking nothing follows a finish."""
+    outputs: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            assert output.request_id not in finished
+            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+            if output.finished:
+                finished.add(output.request_id)
+    return outputs
+
+
+def add_all(engine: Engine, params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) -> None:
+    for request_id, prompt in PROMPTS.items():
+        engine.add_request(request_id, prompt, params)
+
+
+def greedy_references() -> dict[str, list[int]]:
+    """Each prompt followed by plain greedy decoding (a few tokens beyond MAX_TOKENS, for oracle drafts)."""
+    return {rid: prompt + greedy_reference(prompt, MAX_TOKENS + 8, VOCAB) for rid, prompt in PROMPTS.items()}
+
+
+def expected(references: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The first MAX_TOKENS generated tokens of each reference."""
+    return {rid: ref[len(PROMPTS[rid]):len(PROMPTS[rid]) + MAX_TOKENS] for rid, ref in references.items()}
