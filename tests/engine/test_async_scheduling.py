@@ -3,7 +3,7 @@ exactly the output of synchronous stepping, with the fake paged runner (forced o
 import pytest
 
 from support.fake_runner import FakePagedRunner
-from support.proposers import BruteForceNgramProposer, OracleProposer
+from support.proposers import AdversarialProposer, OracleProposer
 from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references, run
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
@@ -39,6 +39,14 @@ def test_drafting_resumes_when_the_batch_shrinks_below_the_draft_limit(reference
     assert engine.runner.num_previous_tokens_fed > 0  # overlapped while more than 2 ran
     assert sum(s.num_accepted_tokens for s in spec) > 0  # drafted once 2 or fewer were left
     assert sorted(proposer.released) == sorted(PROMPTS)
+
+
+def test_requests_backed_off_from_drafting_overlap_between_their_probes(references):
+    engine = make_engine(AdversarialProposer(references, VOCAB))  # every draft rejected
+    add_all(engine)
+    assert run(engine) == expected(references)
+    assert sum(1 for s in engine.take_step_stats() if s.spec_decoding) > 0  # they still probe
+    assert engine.runner.num_previous_tokens_fed > len(PROMPTS) * 4  # and overlap in between
 
 
 def test_a_stop_token_in_flight_ends_the_output_with_nothing_after_it(references):

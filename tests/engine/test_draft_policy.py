@@ -75,6 +75,24 @@ def test_no_drafts_in_steps_with_more_running_requests_than_the_limit():
     assert drafting_steps(DraftPolicy(DraftPolicyConfig(max_batch_size=0)), state, 2, K, 10_000) == [1, 2]
 
 
+@pytest.mark.parametrize("num_running", [1, 33])
+def test_may_allow_next_predicts_the_next_steps_decision_without_counting(num_running):
+    """Async scheduling asks before a step whether anyone could draft in it (a backed-off request only at
+    its probes); the answer must match what allows() then decides, and leave the skip count alone."""
+    policy, state = DraftPolicy(DraftPolicyConfig(max_backoff=16)), DraftBackoff()
+    predicted, decided = [], []
+    for _ in range(100):
+        skipped = policy.num_skipped
+        predicted.append(policy.may_allow_next(state, num_running))
+        assert policy.num_skipped == skipped
+        policy.begin_step(num_running)
+        decided.append(policy.allows(state))
+        if decided[-1]:
+            policy.observe(state, K, 0)
+    assert predicted == decided
+    assert any(predicted) == (num_running <= 32) and not all(predicted)
+
+
 @pytest.mark.parametrize("field, value", [("min_acceptance", 1.5), ("smoothing", 0.0), ("max_backoff", 0),
                                           ("max_batch_size", -1)])
 def test_bad_policy_settings_are_rejected_by_name(field, value):

@@ -71,6 +71,11 @@ class DraftPolicy:
         self.num_skipped += 1
         return False
 
+    def may_allow_next(self, state: DraftBackoff, num_running: int) -> bool:
+        """Whether the next step could let a request with this state draft (a pure check: counts nothing)."""
+        limit = self.config.max_batch_size
+        return (limit == 0 or num_running <= limit) and self.step + 1 >= state.resume_step
+
     def observe(self, state: DraftBackoff, num_draft_tokens: int, num_accepted: int) -> None:
         """Feeds one verify result (a request that had drafts scored this step) into its state."""
         if num_draft_tokens <= 0:

@@ -86,11 +86,14 @@ class Scheduler:
         return self._schedule(ahead=True)
 
     def may_draft(self) -> bool:
-        """Whether the next schedule() could reserve draft slots (then it must not be scheduled ahead)."""
-        policy = self.draft_policy
-        if policy is not None and 0 < policy.config.max_batch_size < len(self.running):
+        """Whether the next schedule() could reserve draft slots (then it must not be scheduled ahead):
+        some running request has k > 0 and the draft policy would let it draft (batch size, backoff)."""
+        policy, num_running = self.draft_policy, len(self.running)
+        if policy is not None and 0 < policy.config.max_batch_size < num_running:
             return False  # a step this large drafts for nobody
-        return any(self._speculative_tokens(request) > 0 for request in self.running)
+        return any(self._speculative_tokens(request) > 0
+                   and (policy is None or policy.may_allow_next(request.draft_backoff, num_running))
+                   for request in self.running)
 
     def _schedule(self, ahead: bool) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
