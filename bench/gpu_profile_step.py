@@ -1,7 +1,10 @@
 """Where a batch-1 decode step's GPU time goes: kernels per step and the top kernels by CUDA time.
 
-Usage: python bench/gpu_profile_step.py MODEL_DIR [--no-compile]
-(prints the profiler's table of one decode step x 20, run without CUDA graphs)
+Usage: python bench/gpu_profile_step.py MODEL_DIR [--no-compile] [--trace]
+(prints the profiler's table of one decode step x 20, run without CUDA graphs). With --trace it prints
+instead the ordered kernel names of ONE decode step and ONE verify step (k = 4), each with its duration,
+so that every kernel of a layer can be attributed (norm, GEMM, QK-norm + RoPE, KV write, attention, ...),
+then the kernels per layer of each step (the step's kernels minus those outside the layers, / layers).
 """
 from __future__ import annotations
 
@@ -15,21 +18,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest  # noqa: E402
 from verifier_service.engine.model_runner import ModelRunner  # noqa: E402
 
+CONTEXT = 512
+
+
+def profiled(runner: ModelRunner, batch: ScheduledBatch, steps: int):
+    """(profiler of `steps` eager executions of `batch` after 5 warm-up ones, their CUDA kernels in launch order)."""
+    for _ in range(5):
+        runner.execute(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.execute(batch)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return prof, sorted(kernels, key=lambda e: e.time_range.start)
+
+
+def trace(runner: ModelRunner, table: list[int]) -> None:
+    layers = len(runner.model.model.layers)
+    for name, width in (("decode", 1), ("verify k=4", 5)):
+        batch = ScheduledBatch([ScheduledRequest("a", [5] * width, CONTEXT, table, width - 1, width)])
+        _, kernels = profiled(runner, batch, 1)
+        print(f"\n== {name}: {len(kernels)} kernels in one step ({layers} layers) ==")
+        for i, e in enumerate(kernels):
+            print(f"{i:4d} {e.device_time:8.1f} us  {e.name[:150]}")
+        # Kernels outside the layers (embedding, rotary lookup, final norm, LM head, sampling casts) are the
+        # remainder of the count modulo the per-layer repetition.
+        per_layer = len(kernels) // layers
+        print(f"{name}: kernels per step {len(kernels)}, ~{per_layer} per layer "
+              f"(+{len(kernels) - per_layer * layers} outside), GPU time {sum(e.device_time for e in kernels) / 1e3:.3f} ms")
+
 
 def main() -> None:
     runner = ModelRunner(sys.argv[1], device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=1 << 30,
                          max_model_len=4096, compile_model="--no-compile" not in sys.argv)
     table = [0, 1, 2]
-    runner.execute(ScheduledBatch([ScheduledRequest("a", list(range(1, 513)), 0, table, 0, 1)]))
-    batch = ScheduledBatch([ScheduledRequest("a", [5], 512, table, 0, 1)])
-    for _ in range(5):
-        runner.execute(batch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            runner.execute(batch)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    runner.execute(ScheduledBatch([ScheduledRequest("a", list(range(1, CONTEXT + 1)), 0, table, 0, 1)]))
+    if "--trace" in sys.argv:
+        trace(runner, table)
+        return
+    batch = ScheduledBatch([ScheduledRequest("a", [5], CONTEXT, table, 0, 1)])
+    prof, kernels = profiled(runner, batch, 20)
     print(f"kernels per step: {len(kernels) / 20:.0f}, GPU time per step: "
           f"{sum(e.device_time for e in kernels) / 20 / 1e3:.3f} ms")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
