@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine_model.checkpoints import random_block_tables
-from verifier_service.attention.metadata import AttentionMetadata
+from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
 pytestmark = pytest.mark.gpu
@@ -70,4 +70,32 @@ def test_flash_equals_reference_on_uniform_verify_steps(width, batch):
     (flash, reference), metadata = run_both(*layout, 16, 8, 128, torch.bfloat16, seed=width)
     assert metadata.uniform_query_len
     relative = (flash - reference).norm() / reference.norm()
+    assert relative < 1e-2, f"relative error {relative:.2e}"
+
+
+@pytest.mark.parametrize("width", [1, 5, 37])
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_store_and_attend_writes_what_the_reference_writes(width, batch):
+    """The flash backend's own KV writes (flash-attn appending K/V itself in single-token steps, the Triton
+    writer otherwise) store exactly the reference's index_copy_ result, and attention still matches."""
+    from verifier_service.attention.flash import FlashAttentionBackend
+
+    pytest.importorskip("flash_attn")
+    cached, query, tables, num_blocks = random_layout(batch * 100 + width, batch, query_lens=[width] * batch)
+    context = [c + q for c, q in zip(cached, query)]
+    slots = [t[p // BLOCK] * BLOCK + p % BLOCK for t, c, n in zip(tables, cached, context) for p in range(c, n)]
+    metadata = AttentionMetadata.build(query, context, tables, slots, BLOCK, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(width)
+    shape = (num_blocks, BLOCK, 8, 128)
+    k_cache, v_cache = (torch.randn(shape, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    qkv = torch.randn(sum(query), 32, 128, device="cuda", generator=gen).bfloat16()
+    q, k, v = qkv.split([16, 8, 8], dim=1)  # column slices, as the model's fused projection gives them
+    kc, vc = k_cache.clone(), v_cache.clone()
+    with attention_context(metadata):
+        out = FlashAttentionBackend().store_and_attend(q, k, v, kc, vc, metadata, 128 ** -0.5).float()
+    reference = ReferenceAttentionBackend()
+    reference.write_kv(k, v, k_cache, v_cache, metadata)
+    assert torch.equal(kc, k_cache) and torch.equal(vc, v_cache)
+    expected = reference.attend(q.float(), k_cache.float(), v_cache.float(), metadata, 128 ** -0.5)
+    relative = (out - expected).norm() / expected.norm()
     assert relative < 1e-2, f"relative error {relative:.2e}"

@@ -10,7 +10,9 @@ Three kernels, all reading K/V straight from the paged cache through `block_tabl
   the flattened queries and cu_seqlens_k over the sequences' context lengths.
 With causal=True both align the mask to the bottom-right corner, so the query at position p of a
 sequence with context_len keys sees keys [0, p], which is exactly our causal rule.
-New keys and values are written with a plain index_copy_ beforehand, as the reference backend does.
+New keys and values: in uniform single-token steps (decode, the width-1 CUDA graphs) flash_attn_with_kvcache
+writes them itself (k=, v=, cache_seqlens = the lengths before the step), saving two kernels per layer;
+otherwise one Triton kernel writes both before attending (triton_kv_write.py; index_copy_ without triton).
 """
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ def _load_triton_verify():
     return triton_verify
 
 
+def _load_triton_kv_write():
+    """The triton_kv_write module, or None without triton."""
+    try:
+        from verifier_service.attention import triton_kv_write
+    except ImportError:
+        return None
+    return triton_kv_write
+
+
 class FlashAttentionBackend:
     """flash-attn 2 paged attention (see module docstring)."""
 
@@ -51,12 +62,35 @@ class FlashAttentionBackend:
             raise RuntimeError("flash-attn is not importable; use the reference backend")
         self._writer = ReferenceAttentionBackend()
         self._triton = _load_triton_verify()
+        self._kv_writer = _load_triton_kv_write()
         self._splits: dict[tuple[int, int], int] = {}  # (batch, kv_heads) -> KV splits of the Triton kernel
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  metadata: AttentionMetadata) -> None:
         """key, value [num_tokens, num_kv_heads, head_dim] -> k_cache, v_cache at metadata.slot_mapping."""
-        self._writer.write_kv(key, value, k_cache, v_cache, metadata)
+        if self._kv_writer is not None and self._kv_writer.supports(key, k_cache, v_cache):
+            self._kv_writer.write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
+        else:
+            self._writer.write_kv(key, value, k_cache, v_cache, metadata)
+
+    def store_and_attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        """write_kv then attend; in one flash-attn kernel when every sequence feeds one token.
+
+        flash-attn appends k, v at position cache_seqlens[i] of sequence i through its block table, which is
+        the slot the slot mapping names for that token (slot = table[pos // block_size] * block_size + ...;
+        a CUDA graph's padding sequences have scratch-block tables and length 1, so they write scratch slot 0).
+        """
+        if not (metadata.uniform_query_len and metadata.max_seqlen_q == 1):
+            self.write_kv(key, value, k_cache, v_cache, metadata)
+            return self.attend(query, k_cache, v_cache, metadata, scale)
+        batch = metadata.batch_size
+        out = flash_attn_with_kvcache(
+            query.view(batch, 1, *query.shape[1:]), k_cache, v_cache,
+            k=key.view(batch, 1, *key.shape[1:]), v=value.view(batch, 1, *value.shape[1:]),
+            cache_seqlens=metadata.cached_lens(), block_table=metadata.block_tables, softmax_scale=scale,
+            causal=True)
+        return out.view(query.shape)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
