@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
-#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [eager] [profile] [trace] [latency1] [before]
+#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call.
@@ -23,6 +23,7 @@ for part in "$@"; do
     before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_latency.py /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/latency_before.log" | tail -4 ;;
     async) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive --schedule sync,async,sync,async 2>&1 | tee "$OUT/throughput_async.log" | tail -11 ;;
     enginestep) models qwen3-0.6b && python3 bench/gpu_engine_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/engine_step.log" | tail -5 ;;
+    enginestep8b) models llama3-8b && python3 bench/gpu_engine_step.py /tmp/models/llama3-8b --tokens 128 2>&1 | tee "$OUT/engine_step8b.log" | tail -5 ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
   esac
 done
