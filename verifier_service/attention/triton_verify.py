@@ -26,10 +26,11 @@ MAX_TILE_ROWS = 128  # group * query_len above this is a prefill chunk, not a ve
 
 
 @triton.jit
-def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt,
+def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt, stride_q,
                    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, QLEN: tl.constexpr, GROUP: tl.constexpr,
                    BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    # Q, OUT [B * QLEN, H, D]; K, V [blocks, BS, KVH, D]; BT [B, max_blocks]; CTX [B];
+    # Q [B * QLEN, H, D] with token stride stride_q (a column slice of the projection), OUT [B * QLEN, H, D];
+    # K, V [blocks, BS, KVH, D]; BT [B, max_blocks]; CTX [B];
     # O_PART [B * KVH * NUM_SPLITS * BLOCK_M, D] f32, LSE_PART [B * KVH * NUM_SPLITS * BLOCK_M] f32 (splits only).
     # Row r of the tile is query head kvh * GROUP + r // QLEN at step token r % QLEN.
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -39,7 +40,8 @@ def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt,
     row_ok = rows < GROUP * QLEN
     d = tl.arange(0, D)
     q_rows = (b * QLEN + token) * H + kvh * GROUP + group
-    q = tl.load(Q + q_rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    q_offs = (b * QLEN + token) * stride_q + (kvh * GROUP + group) * D
+    q = tl.load(Q + q_offs[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     query_pos = ctx - QLEN + token  # the step's tokens are the last QLEN of the context
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * split_len
@@ -104,18 +106,20 @@ def verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """query [batch * query_len, heads, head_dim] (each sequence's last query_len positions), caches
     [num_blocks, block_size, kv_heads, head_dim], block_tables [batch, max_blocks] int32, context_lens [batch]
     int32 -> [batch * query_len, heads, head_dim]; causal within the step."""
-    query = query.contiguous()
+    if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
+        query = query.contiguous()  # heads of a token must be one row; the token stride may be anything
     num_tokens, heads, head_dim = query.shape
     batch, (_, block_size, kv_heads, _) = num_tokens // query_len, k_cache.shape
     group = heads // kv_heads
     block_m = max(16, triton.next_power_of_2(group * query_len))
-    out = torch.empty_like(query)
+    out = torch.empty(query.shape, device=query.device, dtype=query.dtype)
     parts = lse = out  # unused when num_splits == 1
     if num_splits > 1:
         parts = torch.empty(batch * kv_heads * num_splits * block_m, head_dim, device=query.device, dtype=torch.float32)
         lse = torch.empty(batch * kv_heads * num_splits * block_m, device=query.device, dtype=torch.float32)
     _verify_kernel[(batch, kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, out, parts, lse, scale * LOG2E, block_tables.stride(0),
+        query.stride(0),
         H=heads, KVH=kv_heads, D=head_dim, QLEN=query_len, GROUP=group, BS=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, num_warps=4, num_stages=3)
     if num_splits > 1:

@@ -4,9 +4,9 @@ Eagerly, a Qwen3 layer launches ~54 kernels at batch-1 decode (four float32 RMSN
 each, RoPE as roll / mul / add, casts), most of them 1-2 us long: the step is bound by kernel count,
 not by the weights it reads. Inductor fuses each region into a few Triton kernels around the cuBLAS
 GEMMs. A layer is split as DecoderLayer documents:
-  attention_inputs  (norm -> qkv GEMM -> QK-norm + RoPE)  | compiled
-  attend            (KV write + flash-attn)               | eager: the backend's own kernels
-  attention_output  (o GEMM + residual + norm -> MLP + residual) | compiled
+  attention_inputs  (residual add + norm -> qkv GEMM -> QK-norm + RoPE)  | compiled
+  attend            (KV write + flash-attn)                              | eager: the backend's own kernels
+  attention_output  (o GEMM + residual add + norm -> MLP)                | compiled
 so the attention backend and its metadata context stay outside the compiled graphs. All layers share
 one compiled graph per region (parameters are graph inputs), so start-up compiles a handful of graphs,
 not one per layer. Shapes are dynamic in num_tokens (one graph for every batch size), except a single
@@ -24,7 +24,7 @@ from verifier_service.model.decoder import CausalLM
 
 
 def compile_regions(model: CausalLM) -> None:
-    """Replaces each layer's two regions and the final norm by compiled versions (in place, idempotent)."""
+    """Replaces each layer's two regions and the final add + norm by compiled versions (in place, idempotent)."""
     # Prefill chunks, decode and verify steps differ only in num_tokens: allow one graph per region
     # and specialisation (single token / many) for each model this process loads.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -35,9 +35,9 @@ def compile_regions(model: CausalLM) -> None:
         layer.attention_inputs = _compiled(layer.attention_inputs)
         layer.attention_output = _compiled(layer.attention_output)
         layer.compiled = True
-    if not getattr(decoder.norm, "compiled", False):
-        decoder.norm.forward = _compiled(decoder.norm.forward)
-        decoder.norm.compiled = True
+    if not getattr(decoder, "compiled", False):
+        decoder.final_norm = _compiled(decoder.final_norm)
+        decoder.compiled = True
 
 
 def _compiled(method):

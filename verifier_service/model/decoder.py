@@ -26,11 +26,15 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> hidden [num_tokens, hidden_size]."""
-        hidden = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary.lookup(positions, hidden.dtype)  # once per step, shared by all layers
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin)
+        return self.final_norm(hidden, residual)
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer's residual add and the final norm (one compiled region on CUDA)."""
+        return self.norm(residual + hidden)
 
 
 class CausalLM(nn.Module):

@@ -105,7 +105,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.)).
+
+    The residual stream travels beside the layer's output (vLLM's fused add + norm): a layer returns
+    (MLP output, residual) and the next layer adds the two right before its input norm. On CUDA the add
+    then lives in the next compiled region, inside the norm's kernel, instead of after the down projection
+    (where the dynamic-shape graphs spend a device copy and a beta=1 GEMM on it). The float arithmetic is
+    the same, in the same order, as adding at the end of the layer.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -114,20 +121,26 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """hidden [num_tokens, hidden_size] -> the same; attention runs between two compilable regions."""
-        attention = self.self_attn.attend(*self.attention_inputs(hidden, cos, sin))
-        return self.attention_output(hidden, attention)
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: the previous layer's MLP output (the embeddings for the first layer, whose residual is None),
+        residual: the stream before it -> (this layer's MLP output, its residual stream), each
+        [num_tokens, hidden_size]; attention runs between two compilable regions."""
+        q, k, v, residual = self.attention_inputs(hidden, residual, cos, sin)
+        return self.attention_output(residual, self.self_attn.attend(q, k, v))
 
-    def attention_inputs(self, hidden: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Region 1: input norm, q/k/v projection, QK-norm, RoPE -> q, k, v (see Attention.project)."""
-        return self.self_attn.project(self.input_layernorm(hidden), cos, sin)
+    def attention_inputs(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Region 1: residual add, input norm, q/k/v projection, QK-norm, RoPE -> q, k, v (see
+        Attention.project) and the residual stream."""
+        residual = hidden if residual is None else residual + hidden
+        return (*self.self_attn.project(self.input_layernorm(residual), cos, sin), residual)
 
-    def attention_output(self, hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """Region 2: o_proj, residual add, post-attention norm, MLP, residual add.
+    def attention_output(self, residual: torch.Tensor,
+                         attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Region 2: o_proj, residual add, post-attention norm, MLP -> (MLP output, residual stream).
 
-        hidden [num_tokens, hidden_size] is the layer's input; attention [num_tokens, heads, head_dim].
+        residual [num_tokens, hidden_size] is the stream entering the layer; attention [num_tokens, heads, head_dim].
         """
-        hidden = hidden + self.self_attn.o_proj(attention.reshape(hidden.shape[0], self.self_attn.q_size))
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        residual = residual + self.self_attn.o_proj(attention.reshape(residual.shape[0], self.self_attn.q_size))
+        return self.mlp(self.post_attention_layernorm(residual)), residual
