@@ -1,10 +1,12 @@
 """Where a batch-1 decode step's GPU time goes: kernels per step and the top kernels by CUDA time.
 
-Usage: python bench/gpu_profile_step.py MODEL_DIR [--no-compile] [--trace]
+Usage: python bench/gpu_profile_step.py MODEL_DIR [--no-compile] [--trace [--graph]]
 (prints the profiler's table of one decode step x 20, run without CUDA graphs). With --trace it prints
 instead the ordered kernel names of ONE decode step and ONE verify step (k = 4), each with its duration,
 so that every kernel of a layer can be attributed (norm, GEMM, QK-norm + RoPE, KV write, attention, ...),
 then the kernels per layer of each step (the step's kernels minus those outside the layers, / layers).
+With --graph the traced steps are replays of the captured CUDA graphs (batch 1, widths 1 and 5): the kernels
+and durations of the graph itself, without the host-side copies of an eager step.
 """
 from __future__ import annotations
 
@@ -34,11 +36,26 @@ def profiled(runner: ModelRunner, batch: ScheduledBatch, steps: int):
     return prof, sorted(kernels, key=lambda e: e.time_range.start)
 
 
-def trace(runner: ModelRunner, table: list[int]) -> None:
+def replayed(runner: ModelRunner, batch: ScheduledBatch) -> list:
+    """CUDA kernels of one replay of the graph that runs `batch`, in launch order."""
+    runner.execute(batch)  # fills the graph's static inputs
+    graph, _ = runner.graphs._graphs[runner.graphs.shape_for(batch)]
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(kernels, key=lambda e: e.time_range.start)
+
+
+def trace(runner: ModelRunner, table: list[int], graphs: bool) -> None:
     layers = len(runner.model.model.layers)
     for name, width in (("decode", 1), ("verify k=4", 5)):
         batch = ScheduledBatch([ScheduledRequest("a", [5] * width, CONTEXT, table, width - 1, width)])
-        _, kernels = profiled(runner, batch, 1)
+        kernels = replayed(runner, batch) if graphs else profiled(runner, batch, 1)[1]
+        name += " (graph replay)" if graphs else ""
         print(f"\n== {name}: {len(kernels)} kernels in one step ({layers} layers) ==")
         for i, e in enumerate(kernels):
             print(f"{i:4d} {e.device_time:8.1f} us  {e.name[:150]}")
@@ -55,7 +72,9 @@ def main() -> None:
     table = [0, 1, 2]
     runner.execute(ScheduledBatch([ScheduledRequest("a", list(range(1, CONTEXT + 1)), 0, table, 0, 1)]))
     if "--trace" in sys.argv:
-        trace(runner, table)
+        if "--graph" in sys.argv:
+            runner.capture_cuda_graphs(1, [1, 5])
+        trace(runner, table, graphs="--graph" in sys.argv)
         return
     batch = ScheduledBatch([ScheduledRequest("a", [5], CONTEXT, table, 0, 1)])
     prof, kernels = profiled(runner, batch, 20)
