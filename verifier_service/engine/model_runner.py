@@ -76,9 +76,10 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
+        self.static_token_counts = {1}  # compiled regions autotune these token counts (capture adds widths)
         self.compiled = compile_model and self.device.type == "cuda"
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
-            compile_regions(self.model)
+            compile_regions(self.model, self.static_token_counts)
         if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
             prepack_linears(self.model)
         self.graphs: GraphedSteps | None = None
@@ -92,6 +93,7 @@ class ModelRunner:
         if self.device.type != "cuda" or self.backend.name != "flash-attn" or self.num_blocks < 2:
             return False
         self.num_blocks -= 1  # the block manager never hands out the scratch block
+        self.static_token_counts.update(widths)  # batch-1 steps of each width: autotuned compiled regions
         self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
                                    self.max_model_len, self.device)
         self.graphs.capture()
