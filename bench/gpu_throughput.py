@@ -53,7 +53,7 @@ def run(engine: Engine, prompts, max_tokens) -> tuple[float, int]:
 
 
 def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: list[str],
-            profile: bool = False) -> list[dict]:
+            profile: bool = False, freeze: bool = True) -> list[dict]:
     speculation, changes = CONFIGS[name]
     config = EngineConfig(model=model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
                           kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
@@ -68,6 +68,9 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
     engine = Engine(config, proposer)
     run(engine, [prompts[0][:100]], [16])  # warm-up (compiles the prefill shapes)
     load_s = time.perf_counter() - started
+    if freeze:  # as the verifier does after its warm-up (verifier_service/server.py)
+        gc.collect()
+        gc.freeze()
     rows = []
     for schedule in schedules:
         engine.async_scheduling = schedule == "async"
@@ -77,6 +80,7 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
         print(json.dumps(rows[-1]), flush=True)
     del engine
     torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
+    gc.unfreeze()
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -91,7 +95,8 @@ def measure_run(engine: Engine, name: str, prompts, max_tokens, profile: bool, m
         seconds, produced = profiler.runcall(run, engine, prompts, max_tokens)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
     else:
-        seconds, produced = run(engine, prompts, max_tokens)
+        with CollectionTimer() as collections:
+            seconds, produced = run(engine, prompts, max_tokens)
     stats = engine.take_step_stats()
     spec = [s.spec_decoding for s in stats if s.spec_decoding]
     stages: dict[str, float] = {}
@@ -106,7 +111,28 @@ def measure_run(engine: Engine, name: str, prompts, max_tokens, profile: bool, m
             "graphs": engine.runner.graphs is not None,
             "stage_seconds": {k: round(v, 3) for k, v in stages.items()},  # where the wall time went
             "prefill_steps": len(prefill),
-            "prefill_seconds": round(sum(sum(s.stage_seconds.values()) for s in prefill), 3)}
+            "prefill_seconds": round(sum(sum(s.stage_seconds.values()) for s in prefill), 3),
+            "gc_seconds": round(collections.seconds, 3) if not profile else None,
+            "gc_full_collections": collections.full if not profile else None}
+
+
+class CollectionTimer:
+    """Time the run spends in Python's garbage collector (gc.callbacks), and its full collections."""
+
+    def __enter__(self):
+        self.seconds, self.full, self._started = 0.0, 0, 0.0
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.full += info["generation"] == 2
 
 
 def main() -> None:
@@ -117,11 +143,13 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--schedule", default="async", help="async / sync per run of each config, e.g. async,sync")
     parser.add_argument("--cprofile", action="store_true", help="print the host's hottest functions per config")
+    parser.add_argument("--no-gc-freeze", action="store_true", help="skip the verifier's gc.freeze() after warm-up")
     args = parser.parse_args()
     prompts, max_tokens = workload(args.num_seqs)
     schedules = args.schedule.split(",")
     rows = [row for name in args.configs.split(",")
-            for row in measure(name, args.model, args.eager, prompts, max_tokens, schedules, args.cprofile)]
+            for row in measure(name, args.model, args.eager, prompts, max_tokens, schedules, args.cprofile,
+                               not args.no_gc_freeze)]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "rows": rows}, indent=1))
     print(f"\n{card}, {args.num_seqs} seqs, {'eager' if args.eager else 'CUDA graphs'}")

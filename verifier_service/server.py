@@ -6,6 +6,7 @@ live process while the model loads; SERVING is reported only after a warm-up gen
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -76,6 +77,11 @@ def _warm_up(engine: Engine) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.take_step_stats()  # the warm-up does not count in the metrics
+    # Loading, compiling and capturing leave millions of long-lived Python objects (torch.compile's
+    # caches among them). Frozen, Python's full collections stop walking them: a collection pause in
+    # the engine loop is time the GPU waits for the host under async scheduling.
+    gc.collect()
+    gc.freeze()
 
 
 def model_limits(engine: Engine) -> ModelLimits:
