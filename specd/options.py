@@ -18,6 +18,7 @@ DEFAULT_DRAFTER_ADDR = f"127.0.0.1:{DRAFTER_PORTS[0]}"
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ASYNC_SCHEDULING = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ServiceOptions:
     max_waiting_requests: int = 256  # verifier: queued requests beyond this get RESOURCE_EXHAUSTED
     log_requests: bool = False  # gateway: log prompts and outputs (off: they never reach the logs)
     inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
+    async_scheduling: str = "auto"  # verifier: launch the next step before this one's tokens reach the host
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -61,6 +63,9 @@ class ServiceOptions:
             raise ValueError("max_waiting_requests: must be >= 1")
         if self.inject_delay_ms < 0:
             raise ValueError("inject_delay_ms: must be >= 0")
+        if self.async_scheduling not in ASYNC_SCHEDULING:
+            raise ValueError(f"async_scheduling: must be one of {', '.join(ASYNC_SCHEDULING)}, "
+                             f"got {self.async_scheduling!r}")
 
     @property
     def verifier_addresses(self) -> tuple[str, ...]:
@@ -124,6 +129,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="gateway: log prompts and outputs (off by default: they never reach the logs)")
     group.add_argument("--inject-delay-ms", type=int, default=int(_env("inject_delay_ms", 0)),
                        help="drafter: testing aid, delay every batch of drafts by this many milliseconds")
+    group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
+                       default=_env("async_scheduling", defaults.async_scheduling),
+                       help="verifier: schedule and launch the next step while the device runs this one, where "
+                            "no drafts are involved (auto = on CUDA only; output is the same either way)")
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -140,4 +149,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,
         kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
         log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
+        async_scheduling=args.async_scheduling,
     )

@@ -45,6 +45,9 @@ class VerifierMetrics:
         self.num_preemptions = counter("num_preemptions", "Requests preempted to free KV blocks.")
         self.drafter_fallbacks = counter("drafter_fallbacks",
                                          "Steps decoded without drafts because the drafter failed or was late.")
+        self.steps_scheduled_ahead = counter("steps_scheduled_ahead",
+                                             "Steps that launched the next step before their own tokens reached "
+                                             "the host (async scheduling; never with drafts).")
 
 
 class VerifierMetricsExporter:
@@ -88,6 +91,8 @@ class VerifierMetricsExporter:
                     metrics.num_accepted_tokens_per_pos.labels(position=str(position)).inc(count)
         if step.num_preemptions:
             metrics.num_preemptions.inc(step.num_preemptions)
+        if step.scheduled_ahead:
+            metrics.steps_scheduled_ahead.inc()
 
     def _export_load(self, load) -> None:
         self._metrics.num_requests_running.set(load.num_running)

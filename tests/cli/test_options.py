@@ -4,6 +4,7 @@ import pytest
 from specd.cli import build_parser
 from specd.launcher import plan_stack
 from specd.options import ServiceOptions, options_from_args
+from verifier_service.config import verifier_config_from_options
 
 
 def parse(argv, monkeypatch=None, **env):
@@ -43,8 +44,16 @@ def test_auto_on_a_cpu_machine_means_float32_cpu():
     assert options.resolved_dtype() == ("bfloat16" if options.resolved_device() == "cuda" else "float32")
 
 
+@pytest.mark.parametrize("argv, env, expected", [([], {}, None), (["--async-scheduling", "on"], {}, True),
+                                                  ([], {"SPECD_ASYNC_SCHEDULING": "off"}, False)])
+def test_async_scheduling_reaches_the_engine_config(monkeypatch, argv, env, expected):
+    options = parse(["verifier", "--device", "cpu", *argv], monkeypatch, **env)
+    assert verifier_config_from_options(options).engine.async_scheduling is expected  # None = auto (CUDA only)
+
+
 @pytest.mark.parametrize("field, kwargs", [("num_speculative_tokens", {"num_speculative_tokens": -1}),
                                            ("device", {"device": "tpu"}),
+                                           ("async_scheduling", {"async_scheduling": "yes"}),
                                            ("tls_cert", {"tls_cert": "c.pem"})])
 def test_bad_values_name_the_option(field, kwargs):
     with pytest.raises(ValueError, match=field):

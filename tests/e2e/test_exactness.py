@@ -4,7 +4,7 @@ import json
 import httpx
 import pytest
 
-from support.e2e_clients import generate
+from support.e2e_clients import generate, metric_value
 from support.e2e_clients import hf_greedy as greedy_reference
 
 # Prompts whose continuations repeat themselves, so n-gram drafts are accepted.
@@ -47,6 +47,20 @@ def test_no_speculation_scores_no_drafts(stack):
     result = generate(stack.gateway_address, PROMPTS[0], MAX_TOKENS, num_speculative_tokens=0)
     assert result.usage.draft_tokens == 0
     assert result.usage.steps == result.usage.completion_tokens
+
+
+def test_steps_without_drafts_are_scheduled_ahead_and_output_is_unchanged(stack):
+    """This stack's verifiers run with --async-scheduling on: a request without speculation is decoded with
+    each step launched before the previous step's tokens reached the host, and still equals transformers."""
+    def scheduled_ahead() -> float:
+        return sum(metric_value(stack.metrics_url(f"verifier-{i}"), "specd_steps_scheduled_ahead_total")
+                   for i in range(len(stack.verifier_addresses)))
+
+    before = scheduled_ahead()
+    result = generate(stack.gateway_address, PROMPTS[1], MAX_TOKENS, num_speculative_tokens=0)
+    assert result.token_ids == list(greedy_reference(PROMPTS[1], MAX_TOKENS))
+    # Export runs after each step's outputs are delivered: the last step or two may not be counted yet.
+    assert scheduled_ahead() >= before + MAX_TOKENS // 2
 
 
 @pytest.mark.parametrize("num_speculative_tokens", [0, 4])

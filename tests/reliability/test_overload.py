@@ -1,6 +1,6 @@
 """Overload: more concurrent requests than the KV cache holds queue, get preempted and still complete
 exactly; beyond the bounded queue the answer is RESOURCE_EXHAUSTED / 429; memory stays flat."""
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import grpc
 import httpx
@@ -46,9 +46,12 @@ def test_more_requests_than_the_kv_cache_holds_all_complete_exactly(small_stack,
 
 
 def test_a_full_queue_answers_resource_exhausted_and_429_and_the_rest_complete(small_stack, expected):
-    prompts = PROMPTS * 12  # 48 gRPC + 24 HTTP requests at once against a queue of 24
+    prompts = PROMPTS * 12  # 48 gRPC + 24 HTTP requests against a queue of 24
     with ThreadPoolExecutor(len(prompts) * 3 // 2) as pool:
         over_grpc = [pool.submit(grpc_attempt, small_stack, p) for p in prompts]
+        # The HTTP flood goes out once the queue is full: a refusal returns at once, a served request
+        # only after its 20 tokens. (Sent together, HTTP requests could take the queue's places first.)
+        wait(over_grpc, return_when=FIRST_COMPLETED)
         over_http = [pool.submit(http_completion, small_stack, p) for p in prompts[: len(prompts) // 2]]
         grpc_results = [f.result() for f in over_grpc]
         http_results = [f.result() for f in over_http]

@@ -14,6 +14,7 @@ VERIFIER_FAMILIES = {
     "specd_kv_cache_usage_ratio": "gauge",
     "specd_num_preemptions": "counter",
     "specd_drafter_fallbacks": "counter",
+    "specd_steps_scheduled_ahead": "counter",  # beyond CONTRACT.md: async scheduling
 }
 GATEWAY_FAMILIES = {
     "specd_time_to_first_token_seconds": "histogram",

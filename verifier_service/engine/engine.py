@@ -126,6 +126,7 @@ class Engine:
                 launched = self._launch(batch, requests)
             if self._may_schedule_ahead(launched):
                 self._in_flight = self._launch_ahead(launched)
+                self.step_stats.current.scheduled_ahead = self._in_flight is not None
             return self._update(launched.batch, self._collect(launched))
         except BaseException:
             self._in_flight = None  # the loop fails (aborts) every live request after a failed step

@@ -49,6 +49,7 @@ class StepStats:
     num_waiting: int = 0
     num_proposer_failures: int = 0  # the proposer raised; the step decoded without drafts
     num_draft_skips: int = 0  # decoding requests the draft policy kept from drafting this step
+    scheduled_ahead: bool = False  # launched the next step before its own tokens reached the host
 
 
 class StepStatsLog:
