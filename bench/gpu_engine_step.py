@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_latency import copy_bandwidth  # noqa: E402
+from bench.gpu_latency import copy_bandwidth, timed  # noqa: E402
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
@@ -58,17 +58,9 @@ def ms_per_step(engine: Engine, tokens: int, k: int = 0) -> tuple[float, dict[st
 
 
 def graph_replay_ms(engine: Engine, width: int) -> float:
+    """Median ms of one replay of the batch-1 graph of this width (the device's share of a step)."""
     graph = next(g for (b, w), (g, _) in engine.runner.graphs._graphs.items() if b == 1 and w == width)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(100):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[50]
+    return timed(graph.replay, iters=100)
 
 
 def measure(model_dir: str, tokens: int, rounds: int, bandwidth: float) -> dict:
