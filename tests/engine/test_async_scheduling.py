@@ -86,12 +86,16 @@ def test_abort_while_a_step_is_in_flight_frees_blocks_and_spares_the_others(refe
     engine = make_engine()
     engine.add_request("a", PROMPTS["r5"], SamplingParams(max_tokens=50, ignore_eos=True))
     engine.add_request("b", PROMPTS["r1"], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    received = 0
     for _ in range(4):
-        engine.step()
-    assert engine._in_flight is not None  # noqa: SLF001 - the case under test: a step launched ahead
+        received += sum(len(o.new_token_ids) for o in engine.step() if o.request_id == "a")
+    assert engine._in_flight is not None and received > 0  # noqa: SLF001 - the case under test
     assert engine.abort("a")
+    aborted = [o for o in engine.step() if o.request_id == "a"]
+    # The token in flight for "a" is dropped: its usage counts only what it was sent.
+    assert aborted[0].new_token_ids == [] and aborted[0].usage.completion_tokens == received
     outputs = run(engine)
-    assert outputs["a"] == [] and len(outputs["b"]) > 0
+    assert "a" not in outputs and len(outputs["b"]) > 0
     assert engine.block_manager.num_used_blocks == 0
 
 
@@ -119,3 +123,23 @@ def test_seeded_sampling_is_the_same_with_and_without_overlap():
         return outputs
 
     assert sample(True) == sample(False)
+
+
+def test_a_token_still_on_the_device_is_a_placeholder_that_usage_does_not_count():
+    """Between schedule_ahead and update a request carries a placeholder for its token in flight: the next
+    batch feeds it first, and an abort in that window (from another thread) reports only real output."""
+    from verifier_service.engine.block_manager import BlockManager
+    from verifier_service.engine.request import Request
+    from verifier_service.engine.scheduler import PENDING_TOKEN, Scheduler
+
+    scheduler = Scheduler(BlockManager(16, 4, enable_prefix_caching=False), max_num_seqs=4, max_num_batched_tokens=64,
+                          max_model_len=64, num_speculative_tokens=0, vocab_size=VOCAB)
+    scheduler.add(Request("a", PROMPTS["r2"], SamplingParams(max_tokens=8), 0))
+    prefill = scheduler.schedule()
+    ahead = scheduler.schedule_ahead(prefill)
+    request = scheduler.requests["a"]
+    assert [s.token_ids for s in ahead.requests] == [[PENDING_TOKEN]]
+    assert ahead.requests[0].start_position == len(PROMPTS["r2"]) == request.num_tokens - 1
+    assert request.num_pending_tokens == 1 and request.usage().completion_tokens == 0
+    assert scheduler.abort("a").usage().completion_tokens == 0
+    assert scheduler.block_manager.num_used_blocks == 0

@@ -76,7 +76,7 @@ class Request:
     def usage(self) -> RequestUsage:
         return RequestUsage(
             prompt_tokens=len(self.prompt_token_ids),
-            completion_tokens=len(self.output_token_ids),
+            completion_tokens=len(self.output_token_ids) - self.num_pending_tokens,  # placeholders are not output
             draft_tokens=self.num_draft_tokens,
             accepted_tokens=self.num_accepted_tokens,
             steps=self.num_steps,
