@@ -31,7 +31,7 @@ def realistic_step(num_requests: int, k: int, num_stages: int) -> StepStats:
         spec.observe(k, accepted, accepted + 1)
     stages = list(STAGES) + [f"extra{i}" for i in range(max(0, num_stages - len(STAGES)))]
     return StepStats(stage_seconds={stage: 0.001 * (i + 1) for i, stage in enumerate(stages[:num_stages])},
-                     num_tokens=num_requests * (k + 1), num_output_tokens=spec.num_emitted_tokens,
+                     forward_tokens=[num_requests * (k + 1)], num_output_tokens=spec.num_emitted_tokens,
                      spec_decoding=spec, num_preemptions=0, num_running=num_requests, num_waiting=2)
 
 

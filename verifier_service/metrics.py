@@ -78,7 +78,8 @@ class VerifierMetricsExporter:
         metrics = self._metrics
         for stage, seconds in step.stage_seconds.items():
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
-        metrics.step_tokens.observe(step.num_tokens)
+        for num_tokens in step.forward_tokens:  # one observation per forward pass
+            metrics.step_tokens.observe(num_tokens)
         spec = step.spec_decoding
         self._interval_log.observe(spec)
         if spec is not None and spec.num_drafts:

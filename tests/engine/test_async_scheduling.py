@@ -143,3 +143,16 @@ def test_a_token_still_on_the_device_is_a_placeholder_that_usage_does_not_count(
     assert request.num_pending_tokens == 1 and request.usage().completion_tokens == 0
     assert scheduler.abort("a").usage().completion_tokens == 0
     assert scheduler.block_manager.num_used_blocks == 0
+
+
+def test_every_forward_is_counted_once_in_the_step_stats(references):
+    """specd_step_tokens observes each forward pass: a step that launches the next one ahead after a
+    synchronous one launched two forwards, and both are there."""
+    engine = make_engine()
+    add_all(engine)
+    run(engine)
+    stats = engine.take_step_stats()
+    forwards = [n for step in stats for n in step.forward_tokens]
+    assert sum(forwards) == engine.runner.num_computed_tokens
+    assert max(len(step.forward_tokens) for step in stats) == 2
+    assert sum(step.scheduled_ahead for step in stats) > 0

@@ -191,7 +191,7 @@ class Engine:
     @timed_stage("score")
     def _score(self, batch: ScheduledBatch) -> torch.Tensor | None:
         """Launches the forward (on CUDA the host returns before the device is done)."""
-        self.step_stats.current.num_tokens += batch.num_tokens
+        self.step_stats.current.forward_tokens.append(batch.num_tokens)
         return self.runner.execute(batch) if batch else None
 
     @timed_stage("verify")

@@ -41,7 +41,7 @@ class StepStats:
     """What one engine step did and how long each stage took."""
 
     stage_seconds: dict[str, float] = field(default_factory=dict)  # schedule / propose / score / verify / update
-    num_tokens: int = 0  # tokens fed to the forward (prompt chunks + last tokens + drafts)
+    forward_tokens: list[int] = field(default_factory=list)  # tokens fed to each forward this step launched
     num_output_tokens: int = 0  # tokens emitted to callers
     spec_decoding: SpecDecodingStats | None = None  # None when no request had drafts
     num_preemptions: int = 0
@@ -50,6 +50,12 @@ class StepStats:
     num_proposer_failures: int = 0  # the proposer raised; the step decoded without drafts
     num_draft_skips: int = 0  # decoding requests the draft policy kept from drafting this step
     scheduled_ahead: bool = False  # launched the next step before its own tokens reached the host
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed to the model (prompt chunks + last tokens + drafts). A step that is the first to
+        launch the next one ahead launches two forwards (its own and the next); later steps launch one."""
+        return sum(self.forward_tokens)
 
 
 class StepStatsLog:
