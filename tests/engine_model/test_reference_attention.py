@@ -47,18 +47,6 @@ def test_attention_context_refuses_to_nest():
         current_attention_metadata()
 
 
-def test_cached_lens_are_derived_once_per_forward_pass():
-    """Every layer of a pass shares one tensor; the next pass derives it anew from the (refilled) lengths, as a
-    CUDA graph's static buffers are refilled each step after a warm-up run on the same metadata."""
-    metadata = AttentionMetadata.build([1, 1], [5, 9], [[0], [1]], [4, 264], block_size=256, device="cpu")
-    with attention_context(metadata):
-        first = metadata.cached_lens()
-        assert metadata.cached_lens() is first and first.tolist() == [4, 8]
-    metadata.context_lens.copy_(torch.tensor([6, 10]))
-    with attention_context(metadata):
-        assert metadata.cached_lens().tolist() == [5, 9]
-
-
 def test_store_and_attend_is_write_then_attend():
     step = paged_step([5, 0, 12], [1, 4, 3], block_size=4, seed=3)
     scale = step.query.shape[-1] ** -0.5

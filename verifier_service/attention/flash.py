@@ -11,10 +11,10 @@ Three kernels, all reading K/V straight from the paged cache through `block_tabl
 With causal=True both align the mask to the bottom-right corner, so the query at position p of a
 sequence with context_len keys sees keys [0, p], which is exactly our causal rule.
 New keys and values: one Triton kernel writes both before attending (triton_kv_write.py; index_copy_ without
-triton). flash_attn_with_kvcache can also write them itself in single-token steps (k=, v=, cache_seqlens = the
-lengths before the step: one kernel fewer per layer), but inside the decode CUDA graph its split kernel and
-combine then take 11.4 + 6.2 us per layer on an H200 and the batch-1 decode replay is 1.33-1.39 ms against
-1.22 ms with the Triton write (docs/BENCHMARKS.md, round 5), so that path is off unless SPECD_FA_KV_APPEND=1.
+triton). Letting flash_attn_with_kvcache write them itself in single-token steps (k=, v=, cache_seqlens = the
+lengths before the step) saves that kernel but was slower in the decode CUDA graph on an H200: its split
+kernel and combine took 11.4 + 6.2 us per layer, decode replay 1.33-1.39 vs 1.22 ms (docs/BENCHMARKS.md,
+round 5), so it was dropped.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ except ImportError:  # flash-attn is optional: select_backend only picks this ba
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 TRITON_VERIFY_ENV = "SPECD_TRITON_VERIFY"  # "0" keeps FA2 for verify steps (to compare before / after)
-KV_APPEND_ENV = "SPECD_FA_KV_APPEND"  # "1": flash-attn writes K/V itself in single-token steps (slower today)
 
 
 def _load_triton_verify():
@@ -66,7 +65,6 @@ class FlashAttentionBackend:
         self._writer = ReferenceAttentionBackend()
         self._triton = _load_triton_verify()
         self._kv_writer = _load_triton_kv_write()
-        self._append = os.environ.get(KV_APPEND_ENV, "0") == "1"
         self._splits: dict[tuple[int, int], int] = {}  # (batch, kv_heads) -> KV splits of the Triton kernel
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -79,22 +77,9 @@ class FlashAttentionBackend:
 
     def store_and_attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        """write_kv then attend; with SPECD_FA_KV_APPEND=1, one flash-attn call when every sequence feeds one token.
-
-        flash-attn appends k, v at position cache_seqlens[i] of sequence i through its block table, which is
-        the slot the slot mapping names for that token (slot = table[pos // block_size] * block_size + ...;
-        a CUDA graph's padding sequences have scratch-block tables and length 1, so they write scratch slot 0).
-        """
-        if not (self._append and metadata.uniform_query_len and metadata.max_seqlen_q == 1):
-            self.write_kv(key, value, k_cache, v_cache, metadata)
-            return self.attend(query, k_cache, v_cache, metadata, scale)
-        batch = metadata.batch_size
-        out = flash_attn_with_kvcache(
-            query.view(batch, 1, *query.shape[1:]), k_cache, v_cache,
-            k=key.view(batch, 1, *key.shape[1:]), v=value.view(batch, 1, *value.shape[1:]),
-            cache_seqlens=metadata.cached_lens(), block_table=metadata.block_tables, softmax_scale=scale,
-            causal=True)
-        return out.view(query.shape)
+        """write_kv, then attend (see AttentionBackend)."""
+        self.write_kv(key, value, k_cache, v_cache, metadata)
+        return self.attend(query, k_cache, v_cache, metadata, scale)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:

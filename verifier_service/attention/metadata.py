@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -29,8 +29,6 @@ class AttentionMetadata:
     max_seqlen_q: int  # longest run of query tokens in the batch
     max_seqlen_k: int  # longest context_len in the batch
     block_size: int  # tokens per KV block
-    # Tensors derived once per forward pass (see cached_lens); attention_context empties it on entry.
-    per_pass: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -44,14 +42,6 @@ class AttentionMetadata:
     def uniform_query_len(self) -> bool:
         """True when every sequence feeds the same number of query tokens (e.g. all decoding k drafts)."""
         return self.num_tokens == self.batch_size * self.max_seqlen_q
-
-    def cached_lens(self) -> torch.Tensor:
-        """[batch] int32: keys each sequence had before this step's tokens, for uniform steps (context_lens -
-        max_seqlen_q). Computed once per forward pass and shared by all layers: a CUDA graph records the
-        subtraction once per step, and never keeps a tensor computed by the warm-up run before its capture."""
-        if "cached_lens" not in self.per_pass:
-            self.per_pass["cached_lens"] = self.context_lens - self.max_seqlen_q
-        return self.per_pass["cached_lens"]
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
@@ -92,7 +82,6 @@ def attention_context(metadata: AttentionMetadata) -> Iterator[AttentionMetadata
     """Makes `metadata` the one read by attention layers for the duration of a forward pass."""
     if _current.get() is not None:
         raise RuntimeError("attention_context: already inside a forward pass (contexts do not nest)")
-    metadata.per_pass.clear()  # a new pass (or a graph capture) derives its tensors anew
     token = _current.set(metadata)
     try:
         yield metadata
