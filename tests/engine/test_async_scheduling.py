@@ -129,8 +129,8 @@ def test_a_token_still_on_the_device_is_a_placeholder_that_usage_does_not_count(
     """Between schedule_ahead and update a request carries a placeholder for its token in flight: the next
     batch feeds it first, and an abort in that window (from another thread) reports only real output."""
     from verifier_service.engine.block_manager import BlockManager
-    from verifier_service.engine.request import Request
-    from verifier_service.engine.scheduler import PENDING_TOKEN, Scheduler
+    from verifier_service.engine.request import PENDING_TOKEN, Request
+    from verifier_service.engine.scheduler import Scheduler
 
     scheduler = Scheduler(BlockManager(16, 4, enable_prefix_caching=False), max_num_seqs=4, max_num_batched_tokens=64,
                           max_model_len=64, num_speculative_tokens=0, vocab_size=VOCAB)

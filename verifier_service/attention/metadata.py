@@ -18,6 +18,8 @@ from typing import Iterator
 
 import torch
 
+from verifier_service.host_copy import to_device
+
 
 @dataclass
 class AttentionMetadata:
@@ -55,19 +57,12 @@ class AttentionMetadata:
             cu_k.append(cu_k[-1] + n)
         max_blocks = max(len(t) for t in block_tables)
         padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
-        device = torch.device(device)
-        pin = device.type == "cuda"
-
-        def to_device(values, dtype) -> torch.Tensor:
-            tensor = torch.tensor(values, dtype=dtype, pin_memory=pin)
-            return tensor.to(device, non_blocking=True)
-
         return cls(
-            slot_mapping=to_device(slot_mapping, torch.int64),
-            cu_seqlens_q=to_device(cu_q, torch.int32),
-            cu_seqlens_k=to_device(cu_k, torch.int32),
-            context_lens=to_device(context_lens, torch.int32),
-            block_tables=to_device(padded, torch.int32),
+            slot_mapping=to_device(slot_mapping, torch.int64, device),
+            cu_seqlens_q=to_device(cu_q, torch.int32, device),
+            cu_seqlens_k=to_device(cu_k, torch.int32, device),
+            context_lens=to_device(context_lens, torch.int32, device),
+            block_tables=to_device(padded, torch.int32, device),
             max_seqlen_q=max(query_lens),
             max_seqlen_k=max(context_lens),
             block_size=block_size,

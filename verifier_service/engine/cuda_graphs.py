@@ -9,7 +9,8 @@ when drafts are scored) and replayed:
   keys [0, s + r]) while padding rows read whatever is there and are thrown away;
 - batch entries beyond the real batch are whole padding sequences living in the scratch block.
 No other sequence's KV is ever written. Prefill chunks, mixed steps and batches larger than the biggest
-bucket run eagerly. All per-step inputs reach the GPU in one host-to-device copy.
+bucket run eagerly. All per-step inputs reach the GPU in one host-to-device copy (plus, with async
+scheduling, the rows that take the previous step's tokens: previous_tokens.py).
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ class GraphedSteps:
         bucket, width = shape
         host, num_rows = pack_graph_inputs(batch.requests, bucket, width, self.geometry, pin_memory=True)
         staging = self._staging[:host.shape[0]]
-        staging.copy_(host, non_blocking=True)  # the step's one host-to-device copy
+        staging.copy_(host, non_blocking=True)  # every input in one copy (async scheduling adds a small one below)
         n = bucket * width
         ids, positions, slots, context_lens, block_tables, rows = staging.split(
             section_sizes(bucket, width, self.max_blocks, num_rows))

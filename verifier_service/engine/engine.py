@@ -42,7 +42,6 @@ class LaunchedStep:
     """A step whose forward and verification are queued on the device; its tokens are not on the host yet."""
 
     batch: ScheduledBatch
-    requests: list[Request]  # the engine's Request of each batch entry
     verification: PendingVerification | None  # None: no request had logits
 
 
@@ -136,7 +135,7 @@ class Engine:
         """Whether the next step can run without this one's tokens on the host (no drafts either side)."""
         if not self.async_scheduling or not launched.batch:
             return False
-        if any(s.num_draft_tokens for s in launched.batch.requests):
+        if launched.verification is not None and launched.verification.metadata.has_drafts:
             return False  # how many tokens it emits is known only after verification
         with self._lock:
             return self.proposer is None or not self.scheduler.may_draft()
@@ -155,7 +154,7 @@ class Engine:
         return self._launch(batch, requests)
 
     def _launch(self, batch: ScheduledBatch, requests: list[Request]) -> LaunchedStep:
-        return LaunchedStep(batch, requests, self._verify(batch, requests, self._score(batch)))
+        return LaunchedStep(batch, self._verify(batch, requests, self._score(batch)))
 
     @timed_stage("schedule")
     def _schedule(self, in_flight: ScheduledBatch | None = None) -> tuple[ScheduledBatch, list[Request]]:

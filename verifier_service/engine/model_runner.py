@@ -2,8 +2,9 @@
 
 Per step: flatten the batch into input_ids / positions, compute each token's cache slot
 (slot = block_table[pos // block_size] * block_size + pos % block_size), build the attention metadata
-and the token tensors on the CPU and copy them to the device (no host sync), run the model inside the attention context, and apply the
-LM head only to the rows whose logits the batch asks for (each request's last `num_logits` tokens).
+and the token tensors on the CPU and copy them to the device (no host sync, host_copy.py), run the model
+inside the attention context, and apply the LM head only to the rows whose logits the batch asks for
+(each request's last `num_logits` tokens).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
 from verifier_service.engine.previous_tokens import feed_previous_tokens
+from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
@@ -124,7 +126,7 @@ class ModelRunner:
             block_tables=[r.block_table for r in batch.requests], slot_mapping=slots,
             block_size=self.block_size, device=self.device)
         # One host-to-device copy for the token ids, their positions and the rows that need logits.
-        packed = self._to_device(input_ids + positions + logit_rows)
+        packed = to_device(input_ids + positions + logit_rows, torch.int64, self.device)
         token_tensor, position_tensor, row_tensor = packed.split([len(input_ids), len(positions), len(logit_rows)])
         feed_previous_tokens(token_tensor, batch)  # tokens the previous step sampled, still on the device
         with attention_context(metadata):
@@ -149,11 +151,6 @@ class ModelRunner:
             self.execute(ScheduledBatch([drafts]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        """int64 tensor on the device; pinned on CUDA so the copy does not wait for the host."""
-        pinned = self.device.type == "cuda"
-        return torch.tensor(values, dtype=torch.int64, pin_memory=pinned).to(self.device, non_blocking=True)
 
     def _check(self, request: ScheduledRequest) -> None:
         """Bad scheduling surfaces as a clear error naming the field, not as a wrong answer."""

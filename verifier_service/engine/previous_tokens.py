@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.host_copy import to_device
 
 
 def feed_previous_tokens(ids: torch.Tensor, batch: ScheduledBatch, width: int | None = None) -> None:
@@ -29,7 +30,5 @@ def feed_previous_tokens(ids: torch.Tensor, batch: ScheduledBatch, width: int | 
         row += request.num_tokens
     if not destinations:
         return
-    pinned = ids.is_cuda
-    pairs = torch.tensor(destinations + sources, dtype=torch.int64, pin_memory=pinned)
-    pairs = pairs.to(ids.device, non_blocking=pinned).view(2, -1)
+    pairs = to_device(destinations + sources, torch.int64, ids.device).view(2, -1)
     ids.index_copy_(0, pairs[0], batch.previous_tokens[pairs[1]])

@@ -10,6 +10,9 @@ from verifier_service.engine.outputs import FinishReason, RequestUsage
 from verifier_service.engine.sampling_params import SamplingParams
 
 
+PENDING_TOKEN = 0  # stands for a token sampled on the device but not yet seen by the host (a valid id)
+
+
 class RequestStatus(str, Enum):
     WAITING = "waiting"  # not admitted yet, or preempted and waiting to be recomputed
     RUNNING = "running"  # holds KV blocks and takes part in steps
@@ -61,9 +64,16 @@ class Request:
         self.output_token_ids.extend(token_ids)
         self.token_ids.extend(token_ids)
 
-    def drop_last_output(self) -> None:
+    def append_pending_token(self) -> None:
+        """A placeholder for a token sampled on the device but not seen by the host yet (async scheduling)."""
+        self.append_output([PENDING_TOKEN])
+        self.num_pending_tokens += 1
+
+    def drop_pending_token(self) -> None:
+        """Takes the placeholder back before the real token is appended."""
         self.output_token_ids.pop()
         self.token_ids.pop()
+        self.num_pending_tokens -= 1
 
     def reset_for_recompute(self) -> None:
         """After preemption: the KV cache holds nothing; prompt + output are prefilled again later."""

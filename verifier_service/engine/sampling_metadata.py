@@ -12,6 +12,7 @@ import torch
 
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.request import Request
+from verifier_service.host_copy import to_device
 
 
 @dataclass
@@ -68,8 +69,8 @@ class SamplingMetadata:
         ints += [int(j < n - 1) for n in counts for j in range(max_drafts)]
         ints += row_draft + [int(x) for x in has_draft] + per_row([int(g) for g in greedy]) + per_row(top_k)
         floats = per_row(temperature) + per_row(top_p) + per_row(min_p)
-        ints_device = _to_device(ints, torch.int64, device)
-        floats_device = _to_device(floats, torch.float32, device)
+        ints_device = to_device(ints, torch.int64, device)
+        floats_device = to_device(floats, torch.float32, device)
         padded = num_requests * (max_drafts + 1), num_requests * max_drafts, num_requests * max_drafts
         index, draft_ids, mask, row_draft_t, has_draft_t, greedy_t, top_k_t = ints_device.split(
             [*padded, num_rows, num_rows, num_rows, num_rows])
@@ -109,8 +110,3 @@ class SamplingMetadata:
             exponential[first:first + count].exponential_(generator=generator)
         return uniform, exponential
 
-
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A pinned host tensor copied without blocking (a plain .to(cuda) from pageable memory syncs)."""
-    pin = device.type == "cuda"
-    return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=pin)

@@ -7,8 +7,8 @@ proposer runs; add_drafts() then puts the actual drafts (maybe fewer) into the b
 
 Async scheduling: schedule_ahead(in_flight) plans the next step while `in_flight` (a step without drafts)
 still runs. Each request of it that gets logits will emit exactly one token, so the request is advanced
-now with a placeholder for that token (PENDING_TOKEN); update() later puts the real token in its place.
-A step scheduled ahead has no drafts (the drafter needs the real tokens) and preempts nobody (a preempted
+now with a placeholder for that token (request.PENDING_TOKEN); update() later puts the real token in its
+place. A step scheduled ahead has no drafts (the drafter needs the real tokens) and preempts nobody (a preempted
 request would lose its token in flight). A request stopped by a stop token in update() may already be in
 the step scheduled ahead: that step's result for it is dropped (one token of work wasted, output exact).
 """
@@ -27,8 +27,6 @@ from verifier_service.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from verifier_service.engine.rejection_sampler import VerifiedTokens
-
-PENDING_TOKEN = 0  # stands for a token sampled on the device but not yet seen by the host (a valid id)
 
 
 class Scheduler:
@@ -81,8 +79,7 @@ class Scheduler:
                 continue  # aborted while it ran
             request.num_computed_tokens = scheduled.context_len
             if scheduled.num_logits:
-                request.append_output([PENDING_TOKEN])
-                request.num_pending_tokens += 1
+                request.append_pending_token()
         return self._schedule(ahead=True)
 
     def may_draft(self) -> bool:
@@ -126,8 +123,10 @@ class Scheduler:
 
     def _ends_with_pending_token(self, request: Request) -> bool:
         """The token in flight reaches max_tokens or max_model_len (a stop token is only known later)."""
-        return request.num_pending_tokens > 0 and (request.num_output_tokens >= request.params.max_tokens
-                                                   or request.num_tokens >= self.max_model_len)
+        return request.num_pending_tokens > 0 and self._at_length_limit(request)
+
+    def _at_length_limit(self, request: Request) -> bool:
+        return request.num_output_tokens >= request.params.max_tokens or request.num_tokens >= self.max_model_len
 
     def _admit(self, budget: int, drafts: bool) -> list[ScheduledRequest]:
         scheduled = []
@@ -257,8 +256,7 @@ class Scheduler:
               num_accepted: int) -> RequestOutput:
         params = request.params
         if request.num_pending_tokens:  # advanced by schedule_ahead: the real token replaces the placeholder
-            request.drop_last_output()
-            request.num_pending_tokens -= 1
+            request.drop_pending_token()
         token_ids = token_ids[:min(params.max_tokens - request.num_output_tokens,
                                    self.max_model_len - request.num_tokens)]
         stop_at = None
@@ -269,8 +267,7 @@ class Scheduler:
         request.append_output(token_ids)
         if stop_at is not None:
             request.finish_reason = FinishReason.STOP
-        elif (request.num_output_tokens >= params.max_tokens
-              or request.num_tokens >= self.max_model_len):
+        elif self._at_length_limit(request):
             request.finish_reason = FinishReason.LENGTH
         request.num_draft_tokens += scheduled.num_draft_tokens
         request.num_accepted_tokens += min(num_accepted, len(token_ids))
