@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 from specd.default_model import resolve_model_path
 from support import reference
+from support.engine_runs import run
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
@@ -104,11 +105,7 @@ def test_async_scheduling_equals_transformers_generate(kind, prompts, hf_greedy,
     lengths = {f"p{i}": MAX_TOKENS // 4 if i % 2 else MAX_TOKENS for i in range(len(prompts))}  # 4 finish early
     for index, prompt in enumerate(prompts):
         engine.add_request(f"p{index}", prompt, SamplingParams(max_tokens=lengths[f"p{index}"], ignore_eos=True))
-    outputs = {rid: [] for rid in lengths}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            outputs[output.request_id] += output.new_token_ids
-    assert outputs == {rid: hf_greedy[rid][:n] for rid, n in lengths.items()}
+    assert run(engine) == {rid: hf_greedy[rid][:n] for rid, n in lengths.items()}
     assert sum(overlapped) >= MAX_TOKENS // 4 - 2
     if proposer is not None:
         assert sum(s.spec_decoding.num_accepted_tokens for s in engine.take_step_stats() if s.spec_decoding) > 0

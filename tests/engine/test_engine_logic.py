@@ -2,7 +2,8 @@
 import pytest
 
 from support.fake_runner import FakePagedRunner
-from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references, run
+from support.engine_runs import run
+from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine

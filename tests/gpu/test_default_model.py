@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from support.engine_runs import generate_greedy, top2_gap
+
 pytestmark = pytest.mark.gpu
 BLOCK = 256
 MAX_TOKENS = 96
@@ -37,26 +39,9 @@ def make_engine(model_path, speculation: bool):
 
 
 def generate(engine, prompts: list[list[int]]) -> list[list[int]]:
-    """Greedy, every prompt at once (batch of len(prompts)), MAX_TOKENS each."""
-    from verifier_service.engine.sampling_params import SamplingParams
-
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    outputs = {f"r{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.request_id] += out.new_token_ids
+    """Greedy, every prompt at once (batch of len(prompts)), MAX_TOKENS each; outputs in prompt order."""
+    outputs = generate_greedy(engine, prompts, MAX_TOKENS)
     return [outputs[f"r{i}"] for i in range(len(prompts))]
-
-
-def top2_gap(runner, tokens: list[int]) -> float:
-    """Top-1 minus top-2 logit after `tokens` (one eager prefill on the runner's first blocks)."""
-    from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
-
-    table = list(range(-(-len(tokens) // BLOCK)))
-    logits = runner.execute(ScheduledBatch([ScheduledRequest("gap", tokens, 0, table, 0, 1)]))[0]
-    top = logits.float().topk(2).values
-    return float(top[0] - top[1])
 
 
 def test_greedy_with_speculation_equals_without_or_near_tie(default_model):
@@ -81,7 +66,7 @@ def test_greedy_with_speculation_equals_without_or_near_tie(default_model):
             identical += 1
             continue
         first = next(j for j, (a, b) in enumerate(zip(got, expected)) if a != b)
-        gap = top2_gap(engine.runner, prompts[i] + expected[:first])
+        gap = top2_gap(engine.runner, prompts[i] + expected[:first], BLOCK)
         print(f"prompt {i}: first difference at token {first} of {MAX_TOKENS}, top-2 logit gap {gap:.4f}")
         assert gap <= NEAR_TIE, f"prompt {i} differs at token {first} with a top-2 gap of {gap:.3f}: no near-tie"
     print(f"default model, bf16: {identical}/{len(prompts)} prompts identical with and without speculation")

@@ -7,11 +7,13 @@ import warnings
 import pytest
 import torch
 
+from support.engine_runs import generate_greedy, run, top2_gap
 from verifier_service.attention.reference import ReferenceAttentionBackend
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 
 pytestmark = pytest.mark.gpu
 BLOCK = 256
+MAX_TOKENS = 40  # greedy generations of the engine tests
 
 
 @pytest.fixture(scope="module")
@@ -101,42 +103,22 @@ def engine_for(checkpoint, proposer, enforce_eager=False, async_scheduling=None)
     return Engine(config, proposer)
 
 
-def generate(engine, prompts, max_tokens=40):
-    from verifier_service.engine.sampling_params import SamplingParams
-
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    outputs = {f"r{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.request_id] += out.new_token_ids
-    return outputs
-
-
-def top2_gap(runner, tokens: list[int]) -> float:
-    """Top-1 minus top-2 logit after `tokens` (one eager prefill on the runner's first blocks)."""
-    table = list(range(-(-len(tokens) // BLOCK)))
-    logits = runner.execute(ScheduledBatch([ScheduledRequest("gap", tokens, 0, table, 0, 1)]))[0]
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
-
-
 def test_greedy_with_speculation_equals_without(checkpoint):
     from support.proposers import OracleProposer
 
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50]]
-    plain = generate(engine_for(checkpoint, None), prompts)
+    plain = generate_greedy(engine_for(checkpoint, None), prompts, MAX_TOKENS)
     references = {rid: prompts[int(rid[1:])] + out for rid, out in plain.items()}
     proposer = OracleProposer(references)
     engine = engine_for(checkpoint, proposer)
     assert engine.runner.graphs is not None
-    speculative = generate(engine, prompts)
+    speculative = generate_greedy(engine, prompts, MAX_TOKENS)
     assert proposer.num_proposed > 0
     for rid, expected in plain.items():
         got = speculative[rid]
         if got != expected:  # bf16: a different batch shape may flip a near-tie; show that it is one
             first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
-            gap = top2_gap(engine.runner, prompts[int(rid[1:])] + expected[:first])
+            gap = top2_gap(engine.runner, prompts[int(rid[1:])] + expected[:first], BLOCK)
             print(f"{rid}: first difference at token {first}, top-2 logit gap {gap:.4f}")
             assert gap < 0.1, f"{rid} differs at token {first} with a top-2 gap of {gap:.3f}: not a near-tie"
 
@@ -182,14 +164,11 @@ def test_async_scheduling_gives_the_synchronous_output_token_for_token(checkpoin
         }
         for (rid, params), prompt in zip(requests.items(), [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50], PROMPTS[0]]):
             engine.add_request(rid, prompt, params)
-        result = {rid: [] for rid in requests}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                result[out.request_id] += out.new_token_ids
+        result = run(engine)
         assert engine.block_manager.num_used_blocks == 0
         return result
 
-    stop = generate(engine_for(checkpoint, None, async_scheduling=False), [PROMPTS[0]])["r0"][12]
+    stop = generate_greedy(engine_for(checkpoint, None, async_scheduling=False), [PROMPTS[0]], MAX_TOKENS)["r0"][12]
     synchronous, overlapped = outputs(False), outputs(True)
     assert overlapped == synchronous
     assert len(synchronous["stops"]) <= 13 and synchronous["stops"][-1] == stop

@@ -1,4 +1,4 @@
-"""The engine-logic tests' workload for the fake paged runner: six prompts, greedy references, a step loop."""
+"""The engine-logic tests' workload for the fake paged runner: six prompts and their greedy references."""
 from __future__ import annotations
 
 from support.fake_runner import greedy_reference
@@ -8,19 +8,6 @@ from verifier_service.engine.sampling_params import SamplingParams
 VOCAB = 32
 PROMPTS = {f"r{i}": [(7 * i + j * j) % VOCAB for j in range(3 + 5 * i)] for i in range(6)}
 MAX_TOKENS = 20
-
-
-def run(engine: Engine) -> dict[str, list[int]]:
-    """Step until done; returns each request's whole output, checking nothing follows a finish."""
-    outputs: dict[str, list[int]] = {}
-    finished: set[str] = set()
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            assert output.request_id not in finished
-            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
-            if output.finished:
-                finished.add(output.request_id)
-    return outputs
 
 
 def add_all(engine: Engine, params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) -> None:

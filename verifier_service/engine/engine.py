@@ -73,7 +73,8 @@ class Engine:
         self._arrivals = itertools.count()
         self._aborted: list[RequestOutput] = []  # reported by the next step
         self._released: list[str] = []  # to tell the proposer, from the step thread
-        self.async_scheduling = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+        auto = self.device.type == "cuda"  # a CPU forward is synchronous: nothing to overlap
+        self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
 
     # -- requests ---------------------------------------------------------------------------------

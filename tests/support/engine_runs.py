@@ -1,0 +1,39 @@
+"""Driving an Engine in tests: step it to the end, greedy generation, and the near-tie measure.
+
+Shared by the CPU engine tests (fake and real runners) and the GPU tests.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.sampling_params import SamplingParams
+
+
+def run(engine: Engine) -> dict[str, list[int]]:
+    """Step until done; returns each request's whole output, checking nothing follows a finish."""
+    outputs: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            assert output.request_id not in finished
+            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+            if output.finished:
+                finished.add(output.request_id)
+    return outputs
+
+
+def generate_greedy(engine: Engine, prompts: Sequence[list[int]], max_tokens: int) -> dict[str, list[int]]:
+    """Every prompt at once as request r{i}, greedy, ignore_eos, max_tokens each; outputs by request id."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return run(engine)
+
+
+def top2_gap(runner, tokens: list[int], block_size: int) -> float:
+    """Top-1 minus top-2 logit after `tokens` (one eager prefill on the runner's first blocks)."""
+    table = list(range(-(-len(tokens) // block_size)))
+    logits = runner.execute(ScheduledBatch([ScheduledRequest("gap", tokens, 0, table, 0, 1)]))[0]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
