@@ -166,6 +166,8 @@ def test_async_scheduling_gives_the_synchronous_output_token_for_token(checkpoin
             engine.add_request(rid, prompt, params)
         result = run(engine)
         assert engine.block_manager.num_used_blocks == 0
+        scheduled_ahead = sum(step.scheduled_ahead for step in engine.take_step_stats())
+        assert (scheduled_ahead > 0) is async_scheduling  # else the comparison below would prove nothing
         return result
 
     stop = generate_greedy(engine_for(checkpoint, None, async_scheduling=False), [PROMPTS[0]], MAX_TOKENS)["r0"][12]
