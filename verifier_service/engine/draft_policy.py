@@ -61,8 +61,12 @@ class DraftPolicy:
     def begin_step(self, num_running: int) -> None:
         """Called once per schedule(), before any request is planned; num_running = requests holding KV."""
         self.step += 1
+        self.step_allows_drafts = self.batch_allows_drafts(num_running)
+
+    def batch_allows_drafts(self, num_running: int) -> bool:
+        """The per-step rule: no drafting with more than max_batch_size running requests (0 = no limit)."""
         limit = self.config.max_batch_size
-        self.step_allows_drafts = limit == 0 or num_running <= limit
+        return limit == 0 or num_running <= limit
 
     def allows(self, state: DraftBackoff) -> bool:
         """Whether a decoding request with this state may draft in the current step (counts refusals)."""
@@ -73,8 +77,7 @@ class DraftPolicy:
 
     def may_allow_next(self, state: DraftBackoff, num_running: int) -> bool:
         """Whether the next step could let a request with this state draft (a pure check: counts nothing)."""
-        limit = self.config.max_batch_size
-        return (limit == 0 or num_running <= limit) and self.step + 1 >= state.resume_step
+        return self.batch_allows_drafts(num_running) and self.step + 1 >= state.resume_step
 
     def observe(self, state: DraftBackoff, num_draft_tokens: int, num_accepted: int) -> None:
         """Feeds one verify result (a request that had drafts scored this step) into its state."""

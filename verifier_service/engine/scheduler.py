@@ -86,7 +86,7 @@ class Scheduler:
         """Whether the next schedule() could reserve draft slots (then it must not be scheduled ahead):
         some running request has k > 0 and the draft policy would let it draft (batch size, backoff)."""
         policy, num_running = self.draft_policy, len(self.running)
-        if policy is not None and 0 < policy.config.max_batch_size < num_running:
+        if policy is not None and not policy.batch_allows_drafts(num_running):
             return False  # a step this large drafts for nobody
         return any(self._speculative_tokens(request) > 0
                    and (policy is None or policy.may_allow_next(request.draft_backoff, num_running))
