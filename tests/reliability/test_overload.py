@@ -1,17 +1,19 @@
 """Overload: more concurrent requests than the KV cache holds queue, get preempted and still complete
 exactly; beyond the bounded queue the answer is RESOURCE_EXHAUSTED / 429; memory stays flat."""
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
 import psutil
 import pytest
 
-from support.e2e_clients import generate, load_report, metric_value
-from support.small_stack import KV_BLOCKS, MAX_WAITING_REQUESTS
+from specd.v1 import gateway_pb2, gateway_pb2_grpc
+from support.e2e_clients import generate, load_report, metric_value, wait_for_load, wait_until_idle
+from support.small_stack import CONTEXT, KV_BLOCKS, MAX_WAITING_REQUESTS
 
 PROMPTS = [f"List {n} fruits, one per line, numbered:" for n in (3, 4, 5, 6)]
 MAX_TOKENS = 20
+SENTENCE = "The quick brown fox jumps over the lazy dog. "  # 11 tokens
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +22,13 @@ def expected(small_stack) -> dict[str, list[int]]:
     return {prompt: generate(small_stack.gateway_address, prompt, MAX_TOKENS).token_ids for prompt in PROMPTS}
 
 
-def http_completion(stack, prompt: str) -> httpx.Response:
+def greedy_request(prompt: str, max_tokens: int) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def http_completion(client: httpx.Client, url: str, prompt: str) -> httpx.Response:
     body = {"model": "default", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-    return httpx.post(f"{stack.http_url}/v1/completions", json=body, timeout=180)
+    return client.post(f"{url}/v1/completions", json=body)
 
 
 def grpc_attempt(stack, prompt: str):
@@ -46,23 +52,34 @@ def test_more_requests_than_the_kv_cache_holds_all_complete_exactly(small_stack,
 
 
 def test_a_full_queue_answers_resource_exhausted_and_429_and_the_rest_complete(small_stack, expected):
-    prompts = PROMPTS * 12  # 48 gRPC + 24 HTTP requests against a queue of 24
-    with ThreadPoolExecutor(len(prompts) * 3 // 2) as pool:
-        over_grpc = [pool.submit(grpc_attempt, small_stack, p) for p in prompts]
-        # The HTTP flood goes out once the queue is full: a refusal returns at once, a served request
-        # only after its 20 tokens. (Sent together, HTTP requests could take the queue's places first.)
-        wait(over_grpc, return_when=FIRST_COMPLETED)
-        over_http = [pool.submit(http_completion, small_stack, p) for p in prompts[: len(prompts) // 2]]
-        grpc_results = [f.result() for f in over_grpc]
-        http_results = [f.result() for f in over_http]
-    refused = [r for r in grpc_results if isinstance(r, grpc.RpcError)]
-    assert refused and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused), \
-        {r.code() for r in refused}
-    assert all(r.token_ids == expected[p] for p, r in zip(prompts, grpc_results) if not isinstance(r, grpc.RpcError))
-    assert {r.status_code for r in http_results} <= {200, 429}
-    assert any(r.status_code == 429 for r in http_results)
-    assert all(r.json()["error"]["type"] == "rate_limit_error" for r in http_results if r.status_code == 429)
-    assert len(refused) < len(prompts), "nothing was served"
+    verifier = small_stack.verifier_addresses[0]
+    with grpc.insecure_channel(small_stack.gateway_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        # One long request holds 7+ of the cache's 24 blocks for hundreds of steps; each queued request
+        # needs 20 blocks for its prompt, so none is admitted until it ends: the queue stays full.
+        runner = stub.Generate(greedy_request(f"Request 0: {SENTENCE * 10}", CONTEXT - 120), timeout=180)
+        wait_for_load(verifier, lambda report: report.num_running == 1)
+        queued = [stub.Generate(greedy_request(f"Request {i}: {SENTENCE * 30}", 8), timeout=180)
+                  for i in range(1, MAX_WAITING_REQUESTS + 1)]
+        wait_for_load(verifier, lambda report: report.num_waiting == MAX_WAITING_REQUESTS)
+
+        refused = grpc_attempt(small_stack, PROMPTS[0])
+        with httpx.Client(timeout=60) as client:
+            over_http = [http_completion(client, small_stack.http_url, p) for p in PROMPTS]
+        report = load_report(verifier)
+        assert (report.num_running, report.num_waiting) == (1, MAX_WAITING_REQUESTS), "the queue moved"
+
+        for call in [runner, *queued]:
+            call.cancel()
+    assert isinstance(refused, grpc.RpcError) and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+    assert [r.status_code for r in over_http] == [429] * len(PROMPTS), [r.text for r in over_http]
+    assert all(r.json()["error"]["type"] == "rate_limit_error" for r in over_http)
+
+    # The cancelled requests leave nothing behind, and the verifier serves exactly again.
+    assert wait_until_idle(verifier).kv_cache_usage == 0.0
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(lambda p: generate(small_stack.gateway_address, p, MAX_TOKENS), PROMPTS))
+    assert [r.token_ids for r in results] == [expected[p] for p in PROMPTS]
 
 
 def test_resident_memory_stays_flat_across_many_requests(small_stack):

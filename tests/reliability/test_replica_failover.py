@@ -6,7 +6,6 @@ identical to an uninterrupted run (gateway/resume.py).
 """
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
-from support.e2e_clients import generate, load_report
+from support.e2e_clients import generate, load_report, wait_until_idle
 from support.stack import Stack
 
 PROMPTS = [f"Count from {n} to 100: {n}, {n + 1}," for n in range(1, 7)]
@@ -43,14 +42,6 @@ def stream(address: str, prompt: str, first_token: threading.Event) -> list[int]
             token_ids += response.token_ids
             first_token.set()
     return token_ids
-
-
-def wait_until_idle(address: str, timeout: float = 30.0) -> None:
-    """The verifier's load report shows no live request (aborts are applied between engine steps)."""
-    deadline = time.monotonic() + timeout
-    while (report := load_report(address)).num_running + report.num_waiting > 0:
-        assert time.monotonic() < deadline, f"{address} still busy: {report}"
-        time.sleep(0.1)
 
 
 def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stack, expected):

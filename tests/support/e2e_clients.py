@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -35,6 +36,20 @@ def generate(address: str, prompt: str, max_tokens: int, **fields) -> Generation
 def load_report(address: str) -> verifier_pb2.LoadReport:
     with grpc.insecure_channel(address) as channel:
         return verifier_pb2_grpc.VerifierStub(channel).GetLoad(verifier_pb2.GetLoadRequest(), timeout=10)
+
+
+def wait_for_load(address: str, condition, timeout: float = 30.0) -> verifier_pb2.LoadReport:
+    """Polls the verifier's load report until `condition(report)` holds; the report that satisfied it."""
+    deadline = time.monotonic() + timeout
+    while not condition(report := load_report(address)):
+        assert time.monotonic() < deadline, f"{address}: load report never satisfied the condition: {report}"
+        time.sleep(0.05)
+    return report
+
+
+def wait_until_idle(address: str, timeout: float = 30.0) -> verifier_pb2.LoadReport:
+    """No live request left on the verifier (aborts are applied between engine steps)."""
+    return wait_for_load(address, lambda report: report.num_running + report.num_waiting == 0, timeout)
 
 
 def metric_value(url: str, name: str, **labels) -> float:
