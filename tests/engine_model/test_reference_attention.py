@@ -46,10 +46,3 @@ def test_attention_context_refuses_to_nest():
     with pytest.raises(RuntimeError, match="attention_context"):
         current_attention_metadata()
 
-
-def test_store_and_attend_is_write_then_attend():
-    step = paged_step([5, 0, 12], [1, 4, 3], block_size=4, seed=3)
-    scale = step.query.shape[-1] ** -0.5
-    out = ReferenceAttentionBackend().store_and_attend(step.query, step.new_keys, step.new_values, step.k_cache,
-                                                       step.v_cache, step.metadata, scale)
-    torch.testing.assert_close(out, step.dense, atol=1e-4, rtol=1e-4)

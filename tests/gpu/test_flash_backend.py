@@ -75,7 +75,7 @@ def test_flash_equals_reference_on_uniform_verify_steps(width, batch):
 
 @pytest.mark.parametrize("width", [1, 5, 37])
 @pytest.mark.parametrize("batch", [1, 7, 32])
-def test_store_and_attend_writes_what_the_reference_writes(width, batch):
+def test_flash_write_then_attend_stores_what_the_reference_writes(width, batch):
     """The flash backend's own KV write (the Triton writer) stores exactly the reference's index_copy_ result,
     and attention matches."""
     pytest.importorskip("flash_attn")
@@ -91,8 +91,10 @@ def test_store_and_attend_writes_what_the_reference_writes(width, batch):
     qkv = torch.randn(sum(query), 32, 128, device="cuda", generator=gen).bfloat16()
     q, k, v = qkv.split([16, 8, 8], dim=1)  # column slices, as the model's fused projection gives them
     kc, vc = k_cache.clone(), v_cache.clone()
+    flash = FlashAttentionBackend()
     with attention_context(metadata):
-        out = FlashAttentionBackend().store_and_attend(q, k, v, kc, vc, metadata, 128 ** -0.5).float()
+        flash.write_kv(k, v, kc, vc, metadata)
+        out = flash.attend(q, kc, vc, metadata, 128 ** -0.5).float()
     reference = ReferenceAttentionBackend()
     reference.write_kv(k, v, k_cache, v_cache, metadata)
     assert torch.equal(kc, k_cache) and torch.equal(vc, v_cache)

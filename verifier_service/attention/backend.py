@@ -1,9 +1,9 @@
 """The attention backend interface, and the choice of backend for a device.
 
-A backend does two things per layer and step (`store_and_attend`; a backend may fuse them into one
-kernel): store the step's new keys and values in the paged cache, then attend every query token to its
-sequence's cached keys (causally: the query at position p sees positions <= p). The cache layout is
-flash-attn's paged one, per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
+A backend does two things per layer and step: store the step's new keys and values in the paged
+cache (`write_kv`), then attend every query token to its sequence's cached keys (`attend`; causally: the
+query at position p sees positions <= p). The cache layout is flash-attn's paged one, per layer:
+k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
 """
 from __future__ import annotations
 
@@ -28,11 +28,6 @@ class AttentionBackend(Protocol):
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [num_tokens, num_heads, head_dim] -> output [num_tokens, num_heads, head_dim]."""
-        ...
-
-    def store_and_attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        """write_kv(key, value) then attend(query), as an attention layer does; a backend may fuse the two."""
         ...
 
 

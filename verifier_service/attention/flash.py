@@ -75,12 +75,6 @@ class FlashAttentionBackend:
         else:
             self._writer.write_kv(key, value, k_cache, v_cache, metadata)
 
-    def store_and_attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        """write_kv, then attend (see AttentionBackend)."""
-        self.write_kv(key, value, k_cache, v_cache, metadata)
-        return self.attend(query, k_cache, v_cache, metadata, scale)
-
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""

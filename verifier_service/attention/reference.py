@@ -86,12 +86,6 @@ class ReferenceAttentionBackend:
             return out[0]
         return out[layout.token_batch, layout.token_row]
 
-    def store_and_attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        """write_kv, then attend (see AttentionBackend)."""
-        self.write_kv(key, value, k_cache, v_cache, metadata)
-        return self.attend(query, k_cache, v_cache, metadata, scale)
-
     def _layout_of(self, metadata: AttentionMetadata) -> _StepLayout:
         if self._layout_for is not metadata:
             self._layout, self._layout_for = step_layout(metadata), metadata

@@ -2,9 +2,9 @@
 
 `index_copy_` on k_cache and then on v_cache is two kernels per layer; at batch-1 decode and verify each is
 ~2.3 us of a ~45 us layer on an H200, for a few KiB of data. Here one program per token copies that token's
-key row and value row (num_kv_heads * head_dim elements each) to its slot. The flash backend uses it where
-flash-attn does not write the cache itself (every step but uniform single-token ones); importing this module
-needs triton, so the backend imports it lazily and keeps index_copy_ without it.
+key row and value row (num_kv_heads * head_dim elements each) to its slot. The flash backend writes every
+step's keys and values with it; importing this module needs triton, so the backend imports it lazily and
+keeps index_copy_ without it.
 """
 from __future__ import annotations
 

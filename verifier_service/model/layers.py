@@ -81,13 +81,9 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Writes k, v to the cache, then q attends: [num_tokens, heads, head_dim] (before o_proj)."""
-        return self.backend.store_and_attend(q, k, v, self.k_cache, self.v_cache, current_attention_metadata(),
-                                             self.scale)
-
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """hidden [num_tokens, hidden_size] -> [num_tokens, hidden_size]; cos, sin [num_tokens, 1, head_dim]."""
-        out = self.attend(*self.project(hidden, cos, sin))
-        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))
+        metadata = current_attention_metadata()
+        self.backend.write_kv(k, v, self.k_cache, self.v_cache, metadata)
+        return self.backend.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
 
 
 class MLP(nn.Module):
