@@ -6,10 +6,13 @@ from support.fake_runner import FakePagedRunner
 from support.proposers import AdversarialProposer, OracleProposer
 from support.engine_runs import run
 from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references
+from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.outputs import FinishReason
+from verifier_service.engine.request import PENDING_TOKEN, Request
 from verifier_service.engine.sampling_params import SamplingParams
+from verifier_service.engine.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,7 @@ def test_a_stop_token_in_flight_ends_the_output_with_nothing_after_it(references
     assert outputs["r2"] == continuation[:continuation.index(stop) + 1]
     assert outputs["r4"] == expected(references)["r4"]
     assert engine.block_manager.num_used_blocks == 0
+    assert engine.runner.num_previous_tokens_fed > 0  # steps did overlap
 
 
 def test_max_tokens_and_max_model_len_stop_without_an_extra_step(references):
@@ -73,6 +77,7 @@ def test_max_tokens_and_max_model_len_stop_without_an_extra_step(references):
     assert finishes["r1"][-1] == finishes["r0"][-1] == FinishReason.LENGTH
     computed = engine.runner.num_computed_tokens
     assert computed == len(PROMPTS["r1"]) + 5 + len(PROMPTS["r0"]) + 3  # the last token of each is never fed
+    assert engine.runner.num_previous_tokens_fed > 0  # steps did overlap
 
 
 def test_tiny_kv_budget_preempts_in_synchronous_steps_and_keeps_outputs(references):
@@ -81,6 +86,7 @@ def test_tiny_kv_budget_preempts_in_synchronous_steps_and_keeps_outputs(referenc
     assert run(engine) == expected(references)
     assert sum(step.num_preemptions for step in engine.take_step_stats()) > 0
     assert engine.block_manager.num_used_blocks == 0
+    assert engine.runner.num_previous_tokens_fed > 0  # and overlapped where no one was preempted
 
 
 def test_abort_while_a_step_is_in_flight_frees_blocks_and_spares_the_others(references):
@@ -109,6 +115,7 @@ def test_prefix_cache_hits_with_overlapped_steps(references):
     engine.add_request("second", PROMPTS["r5"], params)
     assert run(engine)["second"] == first
     assert engine.runner.num_computed_tokens - computed_once == computed_once - 24
+    assert engine.runner.num_previous_tokens_fed > 0  # steps did overlap
 
 
 def test_seeded_sampling_is_the_same_with_and_without_overlap():
@@ -129,10 +136,6 @@ def test_seeded_sampling_is_the_same_with_and_without_overlap():
 def test_a_token_still_on_the_device_is_a_placeholder_that_usage_does_not_count():
     """Between schedule_ahead and update a request carries a placeholder for its token in flight: the next
     batch feeds it first, and an abort in that window (from another thread) reports only real output."""
-    from verifier_service.engine.block_manager import BlockManager
-    from verifier_service.engine.request import PENDING_TOKEN, Request
-    from verifier_service.engine.scheduler import Scheduler
-
     scheduler = Scheduler(BlockManager(16, 4, enable_prefix_caching=False), max_num_seqs=4, max_num_batched_tokens=64,
                           max_model_len=64, num_speculative_tokens=0, vocab_size=VOCAB)
     scheduler.add(Request("a", PROMPTS["r2"], SamplingParams(max_tokens=8), 0))

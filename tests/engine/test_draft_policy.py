@@ -2,6 +2,7 @@
 it drafting, large batches draft not at all; and with the policy on, output stays plain greedy's."""
 import pytest
 
+from support.engine_runs import run
 from support.fake_runner import FakePagedRunner, greedy_reference
 from support.proposers import AdversarialProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
@@ -112,11 +113,7 @@ def generate(proposer, **config) -> tuple[dict[str, list[int]], Engine]:
                     runner=FakePagedRunner(num_blocks=64, vocab_size=VOCAB))
     for request_id, prompt in PROMPTS.items():
         engine.add_request(request_id, prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    outputs = {rid: [] for rid in PROMPTS}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            outputs[output.request_id] += output.new_token_ids
-    return outputs, engine
+    return run(engine), engine
 
 
 @pytest.fixture(scope="module")

@@ -60,11 +60,7 @@ def runner():
 def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams = GREEDY) -> dict[str, list[int]]:
     for index, prompt in enumerate(prompts):
         engine.add_request(f"p{index}", prompt, params)
-    outputs: dict[str, list[int]] = {f"p{index}": [] for index in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            outputs[output.request_id] += output.new_token_ids
-    return outputs
+    return run(engine)
 
 
 @pytest.mark.parametrize("kind", ["none", "ngram", "oracle", "adversarial"])

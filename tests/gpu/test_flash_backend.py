@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine_model.checkpoints import random_block_tables
-from verifier_service.attention.metadata import AttentionMetadata, attention_context
+from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
 pytestmark = pytest.mark.gpu
@@ -92,9 +92,9 @@ def test_flash_write_then_attend_stores_what_the_reference_writes(width, batch):
     q, k, v = qkv.split([16, 8, 8], dim=1)  # column slices, as the model's fused projection gives them
     kc, vc = k_cache.clone(), v_cache.clone()
     flash = FlashAttentionBackend()
-    with attention_context(metadata):
-        flash.write_kv(k, v, kc, vc, metadata)
-        out = flash.attend(q, kc, vc, metadata, 128 ** -0.5).float()
+    assert flash._kv_writer is not None and flash._kv_writer.supports(k, kc, vc)  # noqa: SLF001 - the Triton writer
+    flash.write_kv(k, v, kc, vc, metadata)
+    out = flash.attend(q, kc, vc, metadata, 128 ** -0.5).float()
     reference = ReferenceAttentionBackend()
     reference.write_kv(k, v, k_cache, v_cache, metadata)
     assert torch.equal(kc, k_cache) and torch.equal(vc, v_cache)
