@@ -7,8 +7,7 @@ import httpx
 import psutil
 import pytest
 
-from specd.v1 import gateway_pb2, gateway_pb2_grpc
-from support.e2e_clients import generate, load_report, metric_value, wait_for_load, wait_until_idle
+from support.e2e_clients import generate, greedy_request, load_report, metric_value, wait_for_load, wait_until_idle
 from support.small_stack import CONTEXT, KV_BLOCKS, MAX_WAITING_REQUESTS
 
 PROMPTS = [f"List {n} fruits, one per line, numbered:" for n in (3, 4, 5, 6)]
@@ -20,10 +19,6 @@ SENTENCE = "The quick brown fox jumps over the lazy dog. "  # 11 tokens
 def expected(small_stack) -> dict[str, list[int]]:
     """Each prompt's greedy output served alone (the stack's own greedy exactness is e2e's to prove)."""
     return {prompt: generate(small_stack.gateway_address, prompt, MAX_TOKENS).token_ids for prompt in PROMPTS}
-
-
-def greedy_request(prompt: str, max_tokens: int) -> gateway_pb2.GenerateRequest:
-    return gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 def http_completion(client: httpx.Client, url: str, prompt: str) -> httpx.Response:
@@ -51,26 +46,25 @@ def test_more_requests_than_the_kv_cache_holds_all_complete_exactly(small_stack,
     assert report.num_running == 0 and report.num_waiting == 0 and report.kv_cache_usage == 0.0
 
 
-def test_a_full_queue_answers_resource_exhausted_and_429_and_the_rest_complete(small_stack, expected):
+def test_a_full_queue_answers_resource_exhausted_and_429_and_the_rest_complete(small_stack, gateway, expected):
     verifier = small_stack.verifier_addresses[0]
-    with grpc.insecure_channel(small_stack.gateway_address) as channel:
-        stub = gateway_pb2_grpc.GatewayStub(channel)
-        # One long request holds 7+ of the cache's 24 blocks for hundreds of steps; each queued request
-        # needs 20 blocks for its prompt, so none is admitted until it ends: the queue stays full.
-        runner = stub.Generate(greedy_request(f"Request 0: {SENTENCE * 10}", CONTEXT - 120), timeout=180)
-        wait_for_load(verifier, lambda report: report.num_running == 1)
-        queued = [stub.Generate(greedy_request(f"Request {i}: {SENTENCE * 30}", 8), timeout=180)
-                  for i in range(1, MAX_WAITING_REQUESTS + 1)]
-        wait_for_load(verifier, lambda report: report.num_waiting == MAX_WAITING_REQUESTS)
+    # One long request holds 7+ of the cache's 24 blocks for hundreds of steps; each queued request
+    # needs 20 blocks for its prompt, so none is admitted until it ends: the queue stays full.
+    runner = gateway.Generate(greedy_request(f"Request 0: {SENTENCE * 10}", CONTEXT - 120, ignore_eos=True),
+                              timeout=180)
+    wait_for_load(verifier, lambda report: report.num_running == 1)
+    queued = [gateway.Generate(greedy_request(f"Request {i}: {SENTENCE * 30}", 8, ignore_eos=True), timeout=180)
+              for i in range(1, MAX_WAITING_REQUESTS + 1)]
+    wait_for_load(verifier, lambda report: report.num_waiting == MAX_WAITING_REQUESTS)
 
-        refused = grpc_attempt(small_stack, PROMPTS[0])
-        with httpx.Client(timeout=60) as client:
-            over_http = [http_completion(client, small_stack.http_url, p) for p in PROMPTS]
-        report = load_report(verifier)
-        assert (report.num_running, report.num_waiting) == (1, MAX_WAITING_REQUESTS), "the queue moved"
+    refused = grpc_attempt(small_stack, PROMPTS[0])
+    with httpx.Client(timeout=60) as client:
+        over_http = [http_completion(client, small_stack.http_url, p) for p in PROMPTS]
+    report = load_report(verifier)
+    assert (report.num_running, report.num_waiting) == (1, MAX_WAITING_REQUESTS), "the queue moved"
 
-        for call in [runner, *queued]:
-            call.cancel()
+    for call in [runner, *queued]:
+        call.cancel()
     assert isinstance(refused, grpc.RpcError) and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
     assert [r.status_code for r in over_http] == [429] * len(PROMPTS), [r.text for r in over_http]
     assert all(r.json()["error"]["type"] == "rate_limit_error" for r in over_http)

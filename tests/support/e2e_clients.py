@@ -21,9 +21,13 @@ class Generation:
     num_messages: int
 
 
+def greedy_request(prompt: str, max_tokens: int, **fields) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0, **fields)
+
+
 def generate(address: str, prompt: str, max_tokens: int, **fields) -> Generation:
     """A greedy gRPC Generate through the gateway, collected."""
-    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0, **fields)
+    request = greedy_request(prompt, max_tokens, **fields)
     token_ids, texts, last, count = [], [], None, 0
     with grpc.insecure_channel(address) as channel:
         for response in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120):
