@@ -21,7 +21,7 @@ import torch.nn.functional as F
 torch._dynamo.config.recompile_limit = 64  # one static graph per (shape, rows)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_latency import copy_bandwidth  # noqa: E402
+from gpu_latency import copy_bandwidth, timed  # noqa: E402
 
 MODELS = {  # name: (layers, [(out, in) per layer], lm_head (out, in))
     "qwen3-0.6b": (28, [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], (151936, 1024)),
@@ -47,15 +47,7 @@ def replay_us(fn, weights: list[torch.Tensor]) -> float:
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             call()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[15]
+    return timed(graph.replay, iters=30) * 1e3 / CALLS
 
 
 def variants():
