@@ -12,8 +12,9 @@ class DrafterConfig:
 
     The index of every sequence covers n-grams of length 1..max_ngram, so a request may ask for any
     bounds inside that range (others are clamped); min_ngram / max_ngram are the bounds used when a
-    request leaves them 0. Memory is about 420 bytes per held token with max_ngram = 4, so the default
-    budget of 4M tokens is about 1.7 GB.
+    request leaves them 0. Memory with max_ngram = 4: about 110-150 bytes per held token in the native
+    store (the default), so the default budget of 4M tokens is about 0.5-0.6 GB; about 420 in the Python
+    fallback store when the n-grams are distinct (1.7 GB).
     """
 
     host: str = "0.0.0.0"

@@ -19,6 +19,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -160,7 +161,9 @@ public:
         for (int n = top; n >= low; --n) {
             uint32_t end;
             if (!latest_.get(finish(chains[n], n), &end)) continue;
-            if (std::memcmp(&tokens_[end - n], &tokens_[length - n], n * sizeof(int32_t)) != 0) continue;
+            // end < n only on a hash collision between n-gram lengths: then there is nothing to compare
+            if (end < static_cast<uint32_t>(n)
+                || std::memcmp(&tokens_[end - n], &tokens_[length - n], n * sizeof(int32_t)) != 0) continue;
             copy_from(end, k, out);
             return;
         }
@@ -244,7 +247,8 @@ public:
                             int default_min_ngram, int default_max_ngram, int max_draft_tokens) {
         const auto ids = str_column(sequence_ids, "sequence_ids");
         const auto start = int_column<int64_t>(starts, "starts", 0, INT64_MAX);
-        const auto counts = int_column<int64_t>(new_token_counts, "new_token_counts", 0, INT64_MAX);
+        // uint32 on the wire; so bounded, the sum in check_columns cannot wrap
+        const auto counts = int_column<int64_t>(new_token_counts, "new_token_counts", 0, UINT32_MAX);
         const auto tokens = int_column<int32_t>(new_token_ids, "new_token_ids", INT32_MIN, INT32_MAX);
         const auto ks = int_column<int64_t>(num_draft_tokens, "num_draft_tokens", 0, INT64_MAX);
         const auto mins = int_column<int64_t>(min_ngrams, "min_ngrams", 0, INT64_MAX);
@@ -286,7 +290,7 @@ public:
     void release_session(uint64_t session) {
         const std::string prefix = key(session, "");
         for (auto it = lru_.begin(); it != lru_.end();) {
-            const std::string& held = *it++;
+            const std::string held = *it++;  // a copy: drop() erases the list node it would refer to
             if (held.compare(0, prefix.size(), prefix) == 0) drop(held);
         }
     }

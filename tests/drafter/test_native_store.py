@@ -84,3 +84,9 @@ def test_columns_that_do_not_line_up_are_refused_before_anything_changes():
     with pytest.raises(ValueError, match="new_token_ids"):
         drafter.open_session().step(bad)
     assert len(drafter.store) == 0
+
+
+def test_the_drafter_runs_the_native_store_unless_told_otherwise(monkeypatch):
+    """Where it is built (make install builds it), production gets the native store, not the 10x slower fallback."""
+    monkeypatch.delenv("SPECD_DRAFTER_STORE", raising=False)
+    assert Drafter(DrafterConfig()).store_backend == "native"
