@@ -92,8 +92,8 @@ def mean_step_seconds(metrics_url: str) -> tuple[float, float]:
         for sample in family.samples:
             if sample.name == "specd_step_stage_seconds_sum":
                 seconds += sample.value
-            elif sample.name == "specd_step_tokens_count":
-                steps += sample.value
+            elif sample.name == "specd_step_stage_seconds_count" and sample.labels.get("stage") == "update":
+                steps += sample.value  # every step updates once (specd_step_tokens counts forward passes)
     return seconds, steps
 
 
