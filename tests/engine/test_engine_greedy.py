@@ -83,16 +83,18 @@ def test_greedy_with_any_drafts_equals_transformers_generate(kind, prompts, hf_g
 
 @pytest.mark.parametrize("kind", ["none", "ngram"])
 def test_async_scheduling_equals_transformers_generate(kind, prompts, hf_greedy, runner):
-    """Steps launched before the previous one's tokens reach the host (fed from its result tensor) give the
-    same greedy output; with a proposer, drafting resumes once 4 requests are left (half stop early)."""
-    overlapped = []
+    """Steps launched before the previous one's tokens reach the host (continuing from its result tensor)
+    give the same greedy output; with a proposer, chained steps draft too (guessed drafts, lookahead.py),
+    and drafting stops while more than 4 requests run."""
+    overlapped, advancing = [], []
 
-    class CountingRunner:  # the real runner; counts the batches that took tokens from the previous step
+    class CountingRunner:  # the real runner; counts the batches that continue from the previous step
         def __getattr__(self, name):
             return getattr(runner, name)
 
         def execute(self, batch):
-            overlapped.append(batch.previous_tokens is not None)
+            overlapped.append(batch.previous_result is not None)
+            advancing.append(any(r.previous_num_drafts for r in batch.requests))
             return runner.execute(batch)
 
     config = dataclasses.replace(CONFIG, async_scheduling=True, max_draft_batch_size=4)
@@ -105,6 +107,7 @@ def test_async_scheduling_equals_transformers_generate(kind, prompts, hf_greedy,
     assert sum(overlapped) >= MAX_TOKENS // 4 - 2
     if proposer is not None:
         assert sum(s.spec_decoding.num_accepted_tokens for s in engine.take_step_stats() if s.spec_decoding) > 0
+        assert sum(advancing) > 0  # steps launched behind steps with drafts
 
 
 def test_tiny_kv_budget_preempts_and_leaves_greedy_output_unchanged(prompts, hf_greedy):

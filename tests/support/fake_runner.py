@@ -37,19 +37,23 @@ class FakePagedRunner:
         self.slots = [-1] * (num_blocks * block_size)  # the "KV cache": the token id at each slot
         self.num_computed_tokens = 0  # tokens fed through execute, to see prefix-cache hits
         self.num_previous_tokens_fed = 0  # first tokens taken from the previous step's device result
+        self.num_advances_fed = 0  # entries whose start moved by drafts the previous step accepted
 
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
         rows = []
         for request in batch.requests:
-            assert len(request.block_table) * self.block_size >= request.context_len, "block table too short"
-            token_ids = list(request.token_ids)
-            if request.previous_token_row >= 0:  # async scheduling: the token the previous step sampled
-                token_ids[0] = int(batch.previous_tokens[request.previous_token_row])
+            token_ids, start = list(request.token_ids), request.start_position
+            if request.previous_token_row >= 0:  # async scheduling: continues from the previous step's result
+                last_token, num_accepted = batch.previous_result[request.previous_token_row].tolist()
+                token_ids[0], start = last_token, start + num_accepted
                 self.num_previous_tokens_fed += 1
+                self.num_advances_fed += num_accepted > 0
+            context_len = start + len(token_ids)
+            assert len(request.block_table) * self.block_size >= context_len, "block table too short"
             for offset, token in enumerate(token_ids):
-                self.slots[self._slot(request.block_table, request.start_position + offset)] = token
+                self.slots[self._slot(request.block_table, start + offset)] = token
             self.num_computed_tokens += request.num_tokens
-            for position in range(request.context_len - request.num_logits, request.context_len):
+            for position in range(context_len - request.num_logits, context_len):
                 context = [self.slots[self._slot(request.block_table, p)] for p in range(position + 1)]
                 rows.append(context_logits(context, self.vocab_size))
         return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)

@@ -5,6 +5,7 @@ reference sequence (prompt + the continuation plain decoding produces).
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 
 from verifier_service.engine.proposer import DraftRequest
@@ -72,3 +73,32 @@ class BruteForceNgramProposer(_RecordingProposer):
                 if tokens[start:start + n] == suffix:
                     return tokens[start + n:start + n + request.num_draft_tokens]
         return []
+
+
+class FlakyProposer(OracleProposer):
+    """Everything a proposer may do, at random (seeded): raise, answer nothing, answer right, wrong, too
+    long, or with ids outside the vocabulary. The engine must decode exactly whatever it gets."""
+
+    def __init__(self, references: Mapping[str, Sequence[int]], vocab_size: int, seed: int = 0) -> None:
+        super().__init__(references)
+        self.vocab_size = vocab_size
+        self.random = random.Random(seed)
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
+        roll = self.random.random()
+        if roll < 0.1:
+            raise RuntimeError("drafter exploded")
+        if roll < 0.2:
+            return {}
+        return {r.request_id: self._flaky_draft(r) for r in requests}
+
+    def _flaky_draft(self, request: DraftRequest) -> list[int]:
+        right = self._draft(request)
+        roll = self.random.random()
+        if roll < 0.4:
+            return right
+        if roll < 0.6:
+            return right + [self.random.randrange(self.vocab_size) for _ in range(5)]  # longer than asked
+        if roll < 0.8:
+            return [self.random.randrange(self.vocab_size) for _ in range(self.random.randint(0, 6))]
+        return right[:1] + [self.vocab_size + 3, -1]  # ids outside the vocabulary: the draft is cut there

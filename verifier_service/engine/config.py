@@ -7,6 +7,8 @@ from verifier_service.engine.sampling_params import InvalidParameter
 
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_MAX_SPECULATIVE_TOKENS = 8
+MAX_SPECULATIVE_TOKENS = 32  # the drafter's own cap on drafts per sequence and step
 
 
 @dataclass(frozen=True)
@@ -18,15 +20,17 @@ class EngineConfig:
     kv_cache_bytes: the KV budget on the CPU; 0 = let the runner size it (free GPU memory on CUDA).
     kv_cache_memory_fraction: share of free GPU memory the runner may give the KV cache.
     max_model_len: prompt + output tokens per request; 0 = the model's own context length.
-    num_speculative_tokens: drafts per step for requests that do not say (0 turns speculation off).
+    num_speculative_tokens: drafts per step for requests that do not say (0 turns speculation off for them).
+    max_speculative_tokens: the most drafts per step any request gets (a larger ask is clamped to it; usage
+        reports the k a request ran with); CUDA graphs are captured for every step width up to it + 1.
+        None = max(8, num_speculative_tokens).
     enforce_eager: never replay CUDA graphs (by default decode / verify steps on CUDA with flash-attn do).
     compile_model: torch.compile the decoder layers' attention-free regions on CUDA (never on the CPU).
-    adaptive_drafting: back a request off drafting while its drafts are rejected, and draft in no step with
-        more than max_draft_batch_size running requests (engine/draft_policy.py); output is unchanged.
+    adaptive_drafting: draft in no step with more than max_draft_batch_size running requests
+        (engine/draft_policy.py; False: every step may draft); output is unchanged either way.
     max_draft_batch_size: see adaptive_drafting (0 = no limit).
-    async_scheduling: schedule and launch the next step while the device runs this one, where no drafts
-        are involved (engine.py); None = on CUDA only (on the CPU the forward runs synchronously, so
-        overlapping would only delay each step's tokens by one forward).
+    async_scheduling: schedule and launch the next step while the device runs this one (engine.py); None =
+        on CUDA only (on the CPU the forward runs synchronously, so overlapping gains nothing).
     """
 
     model: str = "default"
@@ -39,6 +43,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 0
     num_speculative_tokens: int = 4
+    max_speculative_tokens: int | None = None
     enable_prefix_caching: bool = True
     min_ngram: int = 1
     max_ngram: int = 4
@@ -60,9 +65,19 @@ class EngineConfig:
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1"),
             (self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)"),
             (self.num_speculative_tokens >= 0, "num_speculative_tokens", "must be >= 0"),
+            (self.max_speculative_tokens is None or self.num_speculative_tokens <= self.max_speculative_tokens
+             <= MAX_SPECULATIVE_TOKENS, "max_speculative_tokens",
+             f"must be in [num_speculative_tokens, {MAX_SPECULATIVE_TOKENS}]"),
             (self.max_draft_batch_size >= 0, "max_draft_batch_size", "must be >= 0 (0 = no limit)"),
             (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
         ]
         for ok, name, message in checks:
             if not ok:
                 raise InvalidParameter(name, message)
+
+    @property
+    def speculative_tokens_limit(self) -> int:
+        """max_speculative_tokens, resolved (see the class docstring)."""
+        if self.max_speculative_tokens is not None:
+            return self.max_speculative_tokens
+        return max(DEFAULT_MAX_SPECULATIVE_TOKENS, self.num_speculative_tokens)

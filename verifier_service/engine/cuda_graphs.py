@@ -1,24 +1,34 @@
 """CUDA graphs for decode and verify steps: captured once per (batch-size bucket, width), replayed per step.
 
 A decode / verify step feeds every sequence its last token plus up to k drafts, and wants logits for all
-of them. Such a step is padded to a captured shape [bucket, width] (width 1 for plain decoding, k + 1
-when drafts are scored) and replayed:
+of them. Such a step is padded to a captured shape [bucket, width] (width 1 for plain decoding, up to
+max k + 1 when drafts are scored; a step takes the narrowest captured width that fits its longest sequence)
+and replayed:
 - a sequence with fewer tokens than `width` gets padding rows after its real ones. Their K/V go to a
   scratch block that no request owns, and its context length counts them, so with bottom-right causal
   alignment the real rows see exactly their own keys (row r of a sequence starting at position s sees
   keys [0, s + r]) while padding rows read whatever is there and are thrown away;
 - batch entries beyond the real batch are whole padding sequences living in the scratch block.
 No other sequence's KV is ever written. Prefill chunks, mixed steps and batches larger than the biggest
-bucket run eagerly. All per-step inputs reach the GPU in one host-to-device copy (plus, with async
-scheduling, the rows that take the previous step's tokens: previous_tokens.py).
+bucket run eagerly.
+
+Inside the graph: positions, cache slots and context lengths are computed from each sequence's start, real
+row count and advance (graph_inputs.step_positions), so a step launched before the previous one's result
+reached the host can take that step's accepted counts on the device (async scheduling with drafts); and the
+step's greedy verdict is computed after the logits (greedy_verdict.py), so a greedy step needs nothing
+launched after the replay but the copy of its result. All per-step inputs reach the GPU in one
+host-to-device copy (plus, for steps continuing one still in flight, the small one of previous_tokens.py).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
-from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes
+from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
+from verifier_service.engine.greedy_verdict import greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
 
 
@@ -26,6 +36,28 @@ def batch_buckets(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16 up to max_batch (and max_batch itself)."""
     buckets = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
     return buckets + [max_batch]
+
+
+def step_widths(max_drafts: int) -> list[int]:
+    """Captured widths for steps of up to max_drafts drafts per sequence: 1, 2, 3, 5, 9, ... (2^i + 1) and
+    max_drafts + 1. A step pads to the next one: padding rows cost little where a step reads its weights
+    once for all rows (small batches), and fewer widths keep start-up (one capture per bucket and width,
+    one autotuned compile per width) and graph memory small."""
+    widths = {1, max_drafts + 1}
+    power = 1
+    while power < max_drafts:
+        widths.add(power + 1)
+        power *= 2
+    return sorted(widths)
+
+
+@dataclass
+class GraphStep:
+    """The static outputs of one replay (overwritten by the next replay of the same graph)."""
+
+    logits: torch.Tensor  # [bucket * width, vocab] in the model dtype
+    rows: torch.Tensor  # [bucket, width + 1]: greedy verdict (greedy_verdict.py)
+    continuation: torch.Tensor  # [bucket, 2]: last greedy token and drafts accepted, per sequence
 
 
 class GraphedSteps:
@@ -40,18 +72,16 @@ class GraphedSteps:
         # Padding rows may reach max_width positions past a sequence's end: keep their blocks in the table.
         self.max_blocks = -(-(max_model_len + self.max_width) // block_size)
         self.geometry = GraphGeometry(block_size, scratch_block, self.max_blocks, max_position=max_model_len - 1)
-        max_tokens = self.max_batch * self.max_width
-        self._staging = torch.zeros(self._staging_size(self.max_batch, self.max_width), dtype=torch.int64,
-                                    device=device)  # [ids, positions, slots, context_lens, tables] packed
-        self._ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self._positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self._slots = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self._context_lens = torch.ones(self.max_batch, dtype=torch.int32, device=device)
-        self._tables = torch.full((self.max_batch, self.max_blocks), scratch_block, dtype=torch.int32, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # The packed inputs of graph_inputs.py: each step's host buffer lands here in one copy.
+        max_size = sum(section_sizes(self.max_batch, self.max_width, self.max_blocks,
+                                     num_rows=self.max_batch * self.max_width))
+        self._inputs = torch.zeros(max_size, dtype=torch.int64, device=device)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, GraphStep]] = {}
 
-    def _staging_size(self, batch: int, width: int) -> int:
-        return sum(section_sizes(batch, width, self.max_blocks, num_rows=batch * width))
+    def _sections(self, bucket: int, width: int, num_rows: int = 0) -> list[torch.Tensor]:
+        """ids, starts, counts, advances, block tables, logit rows: views of the static input buffer."""
+        sizes = section_sizes(bucket, width, self.max_blocks, num_rows)
+        return list(self._inputs[:sum(sizes)].split(sizes))
 
     # -- capture ----------------------------------------------------------------------------------
 
@@ -63,43 +93,39 @@ class GraphedSteps:
         for width in reversed(self.widths):
             for batch in reversed(self.buckets):
                 self._fill_padding(batch, width)
-                metadata = self._metadata(batch, width)
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):  # warm-up run off the capture, as PyTorch advises
-                    self._forward(batch, width, metadata)
+                    self._forward(batch, width)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    logits = self._forward(batch, width, metadata)
-                self._graphs[(batch, width)] = (graph, logits)
+                    outputs = self._forward(batch, width)
+                self._graphs[(batch, width)] = (graph, outputs)
         torch.cuda.synchronize(self.device)
 
-    def _forward(self, batch: int, width: int, metadata: AttentionMetadata) -> torch.Tensor:
-        num_tokens = batch * width
-        with attention_context(metadata):
-            hidden = self.model(self._ids[:num_tokens], self._positions[:num_tokens])
-        return self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
+    def _forward(self, batch: int, width: int) -> GraphStep:
+        ids, starts, counts, advances, tables, _ = self._sections(batch, width)
+        tables = tables.view(batch, self.max_blocks)
+        positions, slots, context_lens = step_positions(starts, advances, counts, tables, self.geometry, width)
+        with attention_context(self._metadata(batch, width, slots, context_lens, tables)):
+            hidden = self.model(ids, positions)
+        logits = self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
+        return GraphStep(logits, *greedy_verdict(logits, ids.view(batch, width), counts))
 
-    def _metadata(self, batch: int, width: int) -> AttentionMetadata:
-        """Views of the static buffers; uniform width, so the flash backend takes its uniform path
-        (FA2 with_kvcache for width 1, the Triton GQA-packed verify kernel for k + 1)."""
+    def _metadata(self, batch: int, width: int, slots: torch.Tensor, context_lens: torch.Tensor,
+                  tables: torch.Tensor) -> AttentionMetadata:
+        """Uniform width, so the flash backend takes its uniform path (FA2 with_kvcache for width 1, the
+        Triton GQA-packed verify kernel for wider steps)."""
         cu_q = torch.arange(0, (batch + 1) * width, width, dtype=torch.int32, device=self.device)
         return AttentionMetadata(
-            slot_mapping=self._slots[:batch * width], cu_seqlens_q=cu_q, cu_seqlens_k=cu_q,
-            context_lens=self._context_lens[:batch], block_tables=self._tables[:batch],
-            max_seqlen_q=width, max_seqlen_k=self.max_blocks * self.block_size, block_size=self.block_size)
+            slot_mapping=slots, cu_seqlens_q=cu_q, cu_seqlens_k=cu_q, context_lens=context_lens,
+            block_tables=tables.to(torch.int32), max_seqlen_q=width,
+            max_seqlen_k=self.max_blocks * self.block_size, block_size=self.block_size)
 
     def _fill_padding(self, batch: int, width: int) -> None:
         """Capture-time inputs: every sequence a padding sequence in the scratch block."""
-        self._ids.zero_()
-        self._positions.zero_()
-        self._slots.copy_(self._scratch_slots(self._slots.shape[0]))
-        self._context_lens.fill_(width)
-        self._tables.fill_(self.scratch_block)
-
-    def _scratch_slots(self, n: int) -> torch.Tensor:
-        offsets = torch.arange(n, device=self.device) % self.block_size
-        return self.scratch_block * self.block_size + offsets
+        host, _ = pack_graph_inputs([], batch, width, self.geometry, pin_memory=False)
+        self._inputs[:host.shape[0]].copy_(host)
 
     # -- replay -----------------------------------------------------------------------------------
 
@@ -120,23 +146,14 @@ class GraphedSteps:
         bucket = next(b for b in self.buckets if b >= len(batch.requests))
         return bucket, width
 
-    def run(self, batch: ScheduledBatch, shape: tuple[int, int]) -> torch.Tensor:
-        """float32 logits [batch.num_logits, vocab], as ModelRunner.execute returns them."""
+    def run(self, batch: ScheduledBatch, shape: tuple[int, int]) -> tuple[GraphStep, torch.Tensor | None]:
+        """Replays the graph of `shape` on batch: (its outputs, the logit rows of the real tokens [num_logits]
+        or None when every row is real)."""
         bucket, width = shape
         host, num_rows = pack_graph_inputs(batch.requests, bucket, width, self.geometry, pin_memory=True)
-        staging = self._staging[:host.shape[0]]
-        staging.copy_(host, non_blocking=True)  # every input in one copy (async scheduling adds a small one below)
-        n = bucket * width
-        ids, positions, slots, context_lens, block_tables, rows = staging.split(
-            section_sizes(bucket, width, self.max_blocks, num_rows))
-        self._ids[:n].copy_(ids)
-        feed_previous_tokens(self._ids, batch, width)  # tokens the previous step sampled, still on the device
-        self._positions[:n].copy_(positions)
-        self._slots[:n].copy_(slots)
-        self._context_lens[:bucket].copy_(context_lens)
-        self._tables[:bucket].copy_(block_tables.view(bucket, self.max_blocks))
-        graph, logits = self._graphs[shape]
+        self._inputs[:host.shape[0]].copy_(host, non_blocking=True)  # every input in one copy
+        ids, _, _, advances, _, rows = self._sections(bucket, width, num_rows)
+        feed_previous_tokens(ids, batch, width, advances)  # what the step still in flight emits and accepts
+        graph, outputs = self._graphs[shape]
         graph.replay()
-        if num_rows == n:
-            return logits.float()
-        return logits[rows].float()
+        return outputs, (rows if num_rows != bucket * width else None)

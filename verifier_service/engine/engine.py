@@ -4,12 +4,14 @@ Driven from a single thread (the verifier runs it off the asyncio loop). add_req
 called from other threads: a lock guards the scheduler's state, and is never held during the forward.
 
 Async scheduling (on CUDA by default): the forward and the verification are launched on the device
-and their result is copied back only at the end of the step; in between, when the step has no drafts
-and the next one will not draft either (no proposer, or more running requests than draft at all), the
-next step is scheduled and launched already, feeding it the tokens this step samples straight from the
-device (scheduler.schedule_ahead, previous_tokens.py). The host's scheduling, packing and launching
-then overlap the device's work instead of leaving it idle. Output is unchanged: the same forwards run
-in the same order; a request that a stop token ends has one more token computed and dropped.
+and their result is copied back only at the end of the step; in between, the next step is scheduled and
+launched already, continuing each request from this step's result on the device: its last emitted token
+and, where it scored drafts, how many were accepted, which shifts the next step's positions
+(scheduler.schedule_ahead, previous_tokens.py). The next step's drafts are guessed from a proposal on the
+context known so far, long enough to cover what this step may emit (draft_lookahead.py), so the drafter's
+round trip, the host's scheduling, packing and launching all overlap the device's work instead of leaving
+it idle. Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
+request that a stop token ends has one more step computed and dropped.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.draft_lookahead import drafts_after
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
-from verifier_service.engine.proposer import Proposer
+from verifier_service.engine.proposer import DraftRequest, Proposer
 from verifier_service.engine.rejection_sampler import PendingVerification, VerifiedTokens, verify_async
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
@@ -55,7 +58,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig, proposer: Proposer | None = None, runner=None) -> None:
         self.config = config
-        self.runner = runner if runner is not None else build_model_runner(config)
+        self.runner = runner if runner is not None else build_model_runner(config, proposer is not None)
         self.proposer = proposer
         self.vocab_size = self.runner.vocab_size
         self.device = torch.device(getattr(self.runner, "device", "cpu"))
@@ -67,6 +70,7 @@ class Engine:
             self.block_manager, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_speculative_tokens=config.num_speculative_tokens if proposer is not None else 0,
+            max_speculative_tokens=config.speculative_tokens_limit if proposer is not None else 0,
             vocab_size=self.vocab_size, draft_policy=build_draft_policy(config))
         self.step_stats = StepStatsLog()
         self._lock = threading.Lock()
@@ -124,38 +128,53 @@ class Engine:
                 batch, requests = self._schedule()
                 self._propose(batch)
                 launched = self._launch(batch, requests)
-            if self._may_schedule_ahead(launched):
+            if self.async_scheduling and launched.batch:
                 self._in_flight = self._launch_ahead(launched)
                 self.step_stats.current.scheduled_ahead = self._in_flight is not None
-            return self._update(launched.batch, self._collect(launched))
+            return self._update(launched, self._collect(launched))
         except BaseException:
             self._in_flight = None  # the loop fails (aborts) every live request after a failed step
             raise
 
-    def _may_schedule_ahead(self, launched: LaunchedStep) -> bool:
-        """Whether the next step can run without this one's tokens on the host (no drafts either side)."""
-        if not self.async_scheduling or not launched.batch:
-            return False
-        if launched.verification is not None and launched.verification.metadata.has_drafts:
-            return False  # how many tokens it emits is known only after verification
-        with self._lock:
-            return self.proposer is None or not self.scheduler.may_draft()
-
     def _launch_ahead(self, previous: LaunchedStep) -> LaunchedStep | None:
-        """Schedules and launches the next step, fed previous's sampled tokens on the device."""
+        """Schedules and launches the next step, continuing from previous's result on the device."""
+        proposals = self._propose_ahead(previous.batch)
         batch, requests = self._schedule(previous.batch)
         if not batch:
             return None
+        in_flight = {scheduled.request_id: scheduled for scheduled in previous.batch.requests}
         if previous.verification is not None:
-            indices = previous.verification.metadata.batch_indices
+            indices = previous.verification.batch_indices
             rows = {previous.batch.requests[index].request_id: row for row, index in enumerate(indices)}
-            for scheduled in batch.requests:  # a request that got a token last step feeds it first now
+            for scheduled in batch.requests:  # a request that emits tokens in previous continues from them
                 scheduled.previous_token_row = rows.get(scheduled.request_id, -1)
-            batch.previous_tokens = previous.verification.first_tokens
+                if scheduled.previous_token_row >= 0:
+                    scheduled.previous_num_drafts = in_flight[scheduled.request_id].num_draft_tokens
+            batch.previous_result = previous.verification.previous_result
+        if proposals:
+            with self._lock:
+                self.scheduler.add_drafts(batch, self._guessed_drafts(batch, in_flight, proposals))
         return self._launch(batch, requests)
 
+    def _guessed_drafts(self, batch: ScheduledBatch, in_flight: dict[str, ScheduledRequest],
+                        proposals: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Each continuing request's drafts, from its proposal and its drafts in flight (draft_lookahead.py)."""
+        drafts = {}
+        for scheduled in batch.requests:
+            proposal = proposals.get(scheduled.request_id)
+            request = self.scheduler.requests.get(scheduled.request_id)
+            if not proposal or scheduled.previous_token_row < 0 or request is None or not request.num_draft_slots:
+                continue
+            previous = in_flight[scheduled.request_id]
+            in_flight_drafts = previous.token_ids[previous.num_tokens - previous.num_draft_tokens:]
+            drafts[scheduled.request_id] = drafts_after(proposal, in_flight_drafts, request.num_draft_slots)
+        return drafts
+
     def _launch(self, batch: ScheduledBatch, requests: list[Request]) -> LaunchedStep:
-        return LaunchedStep(batch, self._verify(batch, requests, self._score(batch)))
+        verification = self._score_greedy(batch, requests)
+        if verification is None:
+            verification = self._verify(batch, requests, self._score(batch))
+        return LaunchedStep(batch, verification)
 
     @timed_stage("schedule")
     def _schedule(self, in_flight: ScheduledBatch | None = None) -> tuple[ScheduledBatch, list[Request]]:
@@ -178,21 +197,48 @@ class Engine:
     def _propose(self, batch: ScheduledBatch) -> None:
         with self._lock:
             wanted = self.scheduler.draft_requests(batch) if self.proposer is not None else []
-        drafts = {}
-        if wanted:
-            try:
-                drafts = self.proposer.propose(wanted)
-            except Exception:  # noqa: BLE001 - a broken proposer costs speed, never a request
-                logger.exception("proposer failed; decoding this step without drafts")
-                self.step_stats.current.num_proposer_failures += 1
+        drafts = self._proposals(wanted)
         with self._lock:
             self.scheduler.add_drafts(batch, drafts)
+
+    @timed_stage("propose")
+    def _propose_ahead(self, in_flight: ScheduledBatch) -> dict[str, list[int]]:
+        """Proposals on the contexts known now, covering what in_flight emits and the next step's drafts."""
+        if self.proposer is None:
+            return {}
+        with self._lock:
+            wanted = self.scheduler.lookahead_requests(in_flight)
+        return self._proposals(wanted)
+
+    def _proposals(self, wanted: list[DraftRequest]) -> dict[str, list[int]]:
+        if not wanted:
+            return {}
+        try:
+            return self.proposer.propose(wanted)
+        except Exception:  # noqa: BLE001 - a broken proposer costs speed, never a request
+            logger.exception("proposer failed; decoding this step without drafts")
+            self.step_stats.current.num_proposer_failures += 1
+            return {}
 
     @timed_stage("score")
     def _score(self, batch: ScheduledBatch) -> torch.Tensor | None:
         """Launches the forward (on CUDA the host returns before the device is done)."""
         self.step_stats.current.forward_tokens.append(batch.num_tokens)
         return self.runner.execute(batch) if batch else None
+
+    @timed_stage("score")
+    def _score_greedy(self, batch: ScheduledBatch, requests: list[Request]) -> PendingVerification | None:
+        """Launches a greedy step that the runner verifies itself (a CUDA graph with its verdict inside);
+        None where it cannot (then the forward's logits go through the rejection sampler)."""
+        execute_greedy = getattr(self.runner, "execute_greedy", None)
+        if execute_greedy is None or not batch or not all(r.params.greedy for r in requests):
+            return None
+        verdict = execute_greedy(batch)
+        if verdict is None:
+            return None
+        self.step_stats.current.forward_tokens.append(batch.num_tokens)
+        rows, continuation = verdict
+        return PendingVerification(rows, list(range(len(requests))), len(requests), continuation)
 
     @timed_stage("verify")
     def _verify(self, batch: ScheduledBatch, requests: list[Request],
@@ -210,9 +256,12 @@ class Engine:
         return launched.verification.result()
 
     @timed_stage("update")
-    def _update(self, batch: ScheduledBatch, verified: VerifiedTokens) -> list[RequestOutput]:
+    def _update(self, launched: LaunchedStep, verified: VerifiedTokens) -> list[RequestOutput]:
+        batch = launched.batch
         with self._lock:
             outputs = self.scheduler.update(batch, verified)
+            if self._in_flight is not None and launched.verification is not None:
+                self._resolve_in_flight(launched.verification.batch_indices, verified)
             outputs = self._aborted + outputs
             self._aborted = []
             released, self._released = self._released + [o.request_id for o in outputs if o.finished], []
@@ -221,6 +270,13 @@ class Engine:
             self.proposer.release(released)
         self.step_stats.end()
         return outputs
+
+    def _resolve_in_flight(self, batch_indices: list[int], verified: VerifiedTokens) -> None:
+        """The step launched ahead continues from this one: give its entries their real token and start."""
+        for scheduled in self._in_flight.batch.requests:
+            if scheduled.previous_token_row >= 0:
+                index = batch_indices[scheduled.previous_token_row]
+                scheduled.resolve_previous(verified.token_ids[index][-1], verified.num_accepted[index])
 
     def _record(self, batch: ScheduledBatch, verified: VerifiedTokens, outputs: list[RequestOutput]) -> None:
         step = self.step_stats.current
@@ -250,9 +306,11 @@ def build_draft_policy(config: EngineConfig) -> DraftPolicy | None:
     return DraftPolicy(DraftPolicyConfig(max_batch_size=config.max_draft_batch_size))
 
 
-def build_model_runner(config: EngineConfig):
-    """The real model runner for config (imported here so engine logic loads without a model)."""
+def build_model_runner(config: EngineConfig, drafts: bool = True):
+    """The real model runner for config (imported here so engine logic loads without a model); with drafts,
+    CUDA graphs for every verify width up to the most drafts a request may get."""
     from specd.default_model import resolve_model_path
+    from verifier_service.engine.cuda_graphs import step_widths
     from verifier_service.engine.model_runner import ModelRunner
 
     runner = ModelRunner(resolve_model_path(config.model), device=config.device, dtype=config.dtype,
@@ -260,5 +318,5 @@ def build_model_runner(config: EngineConfig):
                          gpu_memory_utilization=config.kv_cache_memory_fraction,
                          max_model_len=config.max_model_len or None, compile_model=config.compile_model)
     if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
-        runner.capture_cuda_graphs(config.max_num_seqs, [1, config.num_speculative_tokens + 1])
+        runner.capture_cuda_graphs(config.max_num_seqs, step_widths(config.speculative_tokens_limit if drafts else 0))
     return runner

@@ -1,18 +1,21 @@
-"""The host side of a CUDA-graph step: every input of a [bucket, width] decode / verify step in one buffer.
+"""The inputs of a CUDA-graph step: packed on the host in one buffer, expanded on the device inside the graph.
 
-Layout, int64: [ids | positions | slots | context_lens | block tables | logit rows], sized by
-`section_sizes` (which the graph runner splits the copied buffer with). Sequence i owns rows
-[i * width, (i + 1) * width); see cuda_graphs.py for why padding rows and padding sequences are safe:
-- a sequence with count < width tokens: padding rows get id 0, the position of its last token and a
-  slot in the scratch block, (i * width + j) % block_size;
-- sequences i >= len(requests) (the bucket's padding) are all padding: position 0, scratch slots,
-  a table of scratch blocks and context length `width`;
-- context_lens[i] = start + width (padding rows included: bottom-right causal alignment);
-- logit rows: i * width + j for the real rows only.
+Host buffer, int64: [ids | starts | counts | advances | block tables | logit rows], sized by `section_sizes`
+(the graph runner copies it into its static input buffer with one host-to-device copy and splits it).
+Sequence i of a [bucket, width] step owns rows [i * width, (i + 1) * width):
+- ids: its tokens (the last sampled one, then its drafts), then id 0 in its padding rows;
+- starts[i]: the position of its first token, assuming the previous step accepted none of its drafts;
+  advances[i]: the drafts that step did accept (0 here; the device writes the real count into the static
+  buffer for entries that continue from a step still in flight, previous_tokens.py);
+- counts[i]: its real rows (0 for the bucket's padding sequences);
+- block tables: its table, padded with the scratch block (no request owns it);
+- logit rows: i * width + j for the real rows only (used to gather logits outside the graph).
 
-Only the per-sequence gather (token ids, start, block table) is a Python loop; positions, slots and
-rows are computed with numpy for the whole batch. At batch 256 this is the largest host cost of a
-decode step that the GPU waits for (it runs between one step's sync and the next step's launch).
+`step_positions` turns starts, advances and counts into positions, cache slots and context lengths on the
+device, inside the captured graph, so an entry's real start may be known only to the device. See
+cuda_graphs.py for why padding rows and padding sequences are safe: a padding row has the position of its
+sequence's last real token and writes its K/V into the scratch block; context lengths count the padding
+rows (bottom-right causal alignment), so the real rows see exactly their own keys.
 """
 from __future__ import annotations
 
@@ -36,15 +39,14 @@ class GraphGeometry:
 
 
 def section_sizes(bucket: int, width: int, max_blocks: int, num_rows: int) -> list[int]:
-    """Lengths of the buffer's sections: ids, positions, slots, context_lens, block tables, logit rows."""
-    num_inputs = bucket * width
-    return [num_inputs, num_inputs, num_inputs, bucket, bucket * max_blocks, num_rows]
+    """Lengths of the buffer's sections: ids, starts, counts, advances, block tables, logit rows."""
+    return [bucket * width, bucket, bucket, bucket, bucket * max_blocks, num_rows]
 
 
 def pack_graph_inputs(requests: Sequence[ScheduledRequest], bucket: int, width: int,
                       geometry: GraphGeometry, pin_memory: bool) -> tuple[torch.Tensor, int]:
     """(the int64 host buffer of the module docstring, number of logit rows)."""
-    size, scratch, max_blocks = geometry.block_size, geometry.scratch_block, geometry.max_blocks
+    scratch, max_blocks = geometry.scratch_block, geometry.max_blocks
     table_padding = [scratch] * max_blocks
     ids: list[int] = []
     starts: list[int] = []
@@ -60,24 +62,40 @@ def pack_graph_inputs(requests: Sequence[ScheduledRequest], bucket: int, width: 
         tables += table
         tables += table_padding[:max_blocks - len(table)]
     padding = bucket - len(requests)
-    start = np.array(starts + [0] * padding, dtype=np.int64)[:, None]  # [bucket, 1]
-    count = np.array(counts + [0] * padding, dtype=np.int64)[:, None]
-    table = np.array(tables + [scratch] * (padding * max_blocks), dtype=np.int64).reshape(bucket, max_blocks)
-    columns = np.arange(width, dtype=np.int64)
-    real = columns < count  # [bucket, width]
-    position = start + columns
-    block = np.take_along_axis(table, np.minimum(position // size, max_blocks - 1), axis=1)
-    scratch_slot = scratch * size + (np.arange(bucket, dtype=np.int64)[:, None] * width + columns) % size
-    rows = np.flatnonzero(real)
+    rows = np.flatnonzero(np.arange(width) < np.array(counts + [0] * padding)[:, None])
     sizes = section_sizes(bucket, width, max_blocks, rows.size)
     host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
     out = host.numpy()
-    ends = np.cumsum(sizes[:-1]).tolist()
+    ends = np.cumsum(sizes).tolist()
     out[:len(ids)] = ids
     out[len(ids):ends[0]] = 0
-    out[ends[0]:ends[1]] = np.where(real, position, np.clip(start + count - 1, 0, geometry.max_position)).ravel()
-    out[ends[1]:ends[2]] = np.where(real, block * size + position % size, scratch_slot).ravel()
-    out[ends[2]:ends[3]] = start[:, 0] + width
-    out[ends[3]:ends[4]] = table.ravel()
+    out[ends[0]:ends[1]] = starts + [0] * padding
+    out[ends[1]:ends[2]] = counts + [0] * padding
+    out[ends[2]:ends[3]] = 0
+    out[ends[3]:ends[3] + len(tables)] = tables
+    out[ends[3] + len(tables):ends[4]] = scratch
     out[ends[4]:] = rows
     return host, int(rows.size)
+
+
+def step_positions(
+    starts: torch.Tensor,  # [bucket] int64: first position, before the device's advance
+    advances: torch.Tensor,  # [bucket] int64: drafts the previous step accepted (0 if it is not in flight)
+    counts: torch.Tensor,  # [bucket] int64: real rows per sequence
+    tables: torch.Tensor,  # [bucket, max_blocks] int64
+    geometry: GraphGeometry,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """positions [bucket * width] int64, slots [bucket * width] int64, context lengths [bucket] int32."""
+    bucket, size = starts.shape[0], geometry.block_size
+    first = (starts + advances).unsqueeze(1)  # [bucket, 1]
+    columns = torch.arange(width, device=starts.device)
+    real = columns < counts.unsqueeze(1)  # [bucket, width]
+    position = first + columns
+    last = (first + counts.unsqueeze(1) - 1).clamp(0, geometry.max_position)
+    block = tables.gather(1, (position // size).clamp(max=geometry.max_blocks - 1))
+    rows = torch.arange(bucket * width, device=starts.device).view(bucket, width)
+    scratch_slot = geometry.scratch_block * size + rows % size
+    slots = torch.where(real, block * size + position % size, scratch_slot)
+    context_lens = (first.squeeze(1) + width).to(torch.int32)
+    return torch.where(real, position, last).view(-1), slots.view(-1), context_lens

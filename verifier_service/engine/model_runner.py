@@ -17,7 +17,7 @@ from verifier_service.attention.metadata import AttentionMetadata, attention_con
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
-from verifier_service.engine.previous_tokens import feed_previous_tokens
+from verifier_service.engine.previous_tokens import feed_previous_tokens, may_advance, resolve_on_host
 from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
@@ -106,14 +106,14 @@ class ModelRunner:
         """float32 logits [batch.num_logits, vocab_size]: per request in order, its last num_logits positions."""
         if not batch:
             raise ValueError("batch: no requests scheduled")
-        shape = self.graphs.shape_for(batch) if self.graphs is not None else None
+        shape = self._graph_shape(batch)
         if shape is not None:
-            for request in batch.requests:
-                self._check(request)
-            return self.graphs.run(batch, shape)
+            outputs, rows = self.graphs.run(batch, shape)
+            return (outputs.logits if rows is None else outputs.logits[rows]).float()
+        if may_advance(batch):  # positions depend on the step in flight: eager steps need them on the host
+            batch = resolve_on_host(batch)
         input_ids, positions, slots, logit_rows = [], [], [], []  # flattened over the batch
         for request in batch.requests:
-            self._check(request)
             first_row = len(input_ids)
             input_ids += request.token_ids
             request_positions = range(request.start_position, request.context_len)
@@ -134,6 +134,24 @@ class ModelRunner:
         if not logit_rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         return self.model.compute_logits(hidden[row_tensor]).float()
+
+    @torch.inference_mode()
+    def execute_greedy(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For a batch that replays a CUDA graph, the graph's own greedy verdict: (rows [n, width + 1],
+        continuation [n, 2]) as greedy_verdict.py defines them, one row per request; None otherwise (then
+        call execute and verify the logits). Only for batches whose requests all decode greedily."""
+        shape = self._graph_shape(batch) if batch else None
+        if shape is None:
+            return None
+        outputs, _ = self.graphs.run(batch, shape)
+        n = len(batch.requests)
+        return outputs.rows[:n], outputs.continuation[:n]
+
+    def _graph_shape(self, batch: ScheduledBatch) -> tuple[int, int] | None:
+        """The captured shape that batch replays (each request checked), or None: run it eagerly."""
+        for request in batch.requests:
+            self._check(request)
+        return self.graphs.shape_for(batch) if self.graphs is not None else None
 
     def warm_up(self) -> None:
         """Runs a prefill chunk, then a verify step with drafts, so first requests meet no one-time costs.

@@ -18,6 +18,7 @@ class RequestUsage:
     draft_tokens: int  # drafts scored for this request
     accepted_tokens: int  # drafts accepted (<= draft_tokens)
     steps: int  # forward passes that emitted tokens for this request (the prefill pass included)
+    num_speculative_tokens: int = 0  # draft slots per step it ran with: its ask (or the default), clamped
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,20 @@
-"""Feeding a step tokens that only the device knows yet (async scheduling, see engine.py).
+"""Feeding a step what only the device knows yet (async scheduling, see engine.py).
 
-When step N + 1 is scheduled while step N still runs, a request that step N samples a token for feeds
-that token next, but the host has not seen it: the scheduler puts a placeholder in token_ids[0] and the
-engine points `previous_token_row` at the token's row of step N's result (still on the device). The
-runner builds its input ids as usual and then overwrites the placeholders on the device with this.
+When step N + 1 is scheduled while step N still runs, a request that step N emits tokens for continues
+from N's result, which the host has not seen: the scheduler puts a placeholder in token_ids[0] and a start
+position that assumes N accepts none of the request's drafts, and the engine points `previous_token_row`
+at the request's row of N's result, `previous_result` [n, 2] = (last token emitted, drafts accepted), still
+on the device. Three ways to use it:
+- `feed_previous_tokens`: overwrite the placeholders of the device input ids (a gather and a scatter, no
+  host sync); enough where no entry can advance (N scored no drafts for it);
+- `feed_previous_advances`: the accepted counts, added on the device to the positions of a CUDA-graph step
+  (cuda_graphs.py computes positions, slots and context lengths from them inside the graph);
+- `resolve_on_host`: a copy of the batch with the real tokens and positions, for an eager step whose
+  entries may advance (it waits for step N: such steps are rare, e.g. batches beyond the captured sizes).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -13,22 +22,55 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.host_copy import to_device
 
 
-def feed_previous_tokens(ids: torch.Tensor, batch: ScheduledBatch, width: int | None = None) -> None:
-    """Writes batch.previous_tokens into the device input ids where the batch has placeholders.
-
-    ids: [num_input_rows] int64 on the device. width: rows per sequence in a padded CUDA-graph step
-    (sequence i starts at row i * width); None for a flattened batch (each starts after the one before).
-    One small host-to-device copy of the row pairs, then a gather and a scatter: no host sync.
-    """
-    if batch.previous_tokens is None:
-        return
-    destinations, sources, row = [], [], 0
+def continuation_pairs(batch: ScheduledBatch, width: int | None = None) -> tuple[list[int], list[int]]:
+    """For every entry that continues from the previous step's result: its batch position, its row of the
+    result, and its first input row (i * width in a padded CUDA-graph step, else the tokens before it)."""
+    positions, rows, first_rows, row = [], [], [], 0
     for index, request in enumerate(batch.requests):
         if request.previous_token_row >= 0:
-            destinations.append(index * width if width is not None else row)
-            sources.append(request.previous_token_row)
+            positions.append(index)
+            rows.append(request.previous_token_row)
+            first_rows.append(index * width if width is not None else row)
         row += request.num_tokens
-    if not destinations:
+    return positions, rows, first_rows
+
+
+def may_advance(batch: ScheduledBatch) -> bool:
+    """Whether some entry's start depends on how many drafts the previous step accepts."""
+    return batch.previous_result is not None and any(
+        r.previous_token_row >= 0 and r.previous_num_drafts > 0 for r in batch.requests)
+
+
+def feed_previous_tokens(ids: torch.Tensor, batch: ScheduledBatch, width: int | None = None,
+                         advances: torch.Tensor | None = None) -> None:
+    """Writes the previous step's last tokens into the device input ids at the placeholder rows, and with
+    `advances` ([batch size] int64 on the device, zeros elsewhere) its accepted counts at those entries.
+
+    ids: [num_input_rows] int64 on the device. width: rows per sequence in a padded CUDA-graph step (sequence
+    i starts at row i * width); None for a flattened batch. One small host-to-device copy, no host sync.
+    """
+    if batch.previous_result is None:
         return
-    pairs = to_device(destinations + sources, torch.int64, ids.device).view(2, -1)
-    ids.index_copy_(0, pairs[0], batch.previous_tokens[pairs[1]])
+    positions, rows, first_rows = continuation_pairs(batch, width)
+    if not rows:
+        return
+    pairs = to_device(first_rows + rows + positions, torch.int64, ids.device).view(3, -1)
+    taken = batch.previous_result[pairs[1]]  # [n, 2]
+    ids.index_copy_(0, pairs[0], taken[:, 0])
+    if advances is not None:
+        advances.index_copy_(0, pairs[2], taken[:, 1])
+
+
+def resolve_on_host(batch: ScheduledBatch) -> ScheduledBatch:
+    """A copy of batch whose continuing entries carry the real token and start (waits for the previous step)."""
+    if batch.previous_result is None:
+        return batch
+    result = batch.previous_result.tolist()
+    requests = []
+    for request in batch.requests:
+        if request.previous_token_row >= 0:
+            request = copy.copy(request)
+            request.token_ids = list(request.token_ids)
+            request.resolve_previous(*result[request.previous_token_row])
+        requests.append(request)
+    return ScheduledBatch(requests)

@@ -18,7 +18,9 @@ Each emitted token is then distributed exactly as p_j: P(x) = p(x), and any othe
 (1 - p(x)) * p(y) / (1 - p(x)) = p(y). p is the filtered target (temperature, top-k, top-p, min-p).
 
 Everything runs on the whole batch with tensor ops; the result reaches the host in one copy, which
-verify_async leaves queued so the engine can launch the next step before waiting for it.
+verify_async leaves queued so the engine can launch the next step before waiting for it. Greedy decode /
+verify steps replayed from a CUDA graph judge their drafts inside the graph instead (greedy_verdict.py),
+with the same result layout.
 """
 from __future__ import annotations
 
@@ -41,14 +43,16 @@ class VerifiedTokens:
 class PendingVerification:
     """A verify result still on the device: its copy to the host is queued behind the step's kernels.
 
-    first_tokens [num_requests] (device): each request's first emitted token, in the order of
-    metadata.batch_indices; for a step without drafts that is the one token it emits, which the next
-    step can take as input before the host has seen it (the engine's async scheduling).
+    rows [num_requests, width + 1]: per request with logits (in the order of batch_indices), its emitted
+    tokens in the first num_accepted + 1 columns and num_accepted in the last. previous_result [num_requests,
+    2] (device): (last token emitted, drafts accepted) per request, what the next step continues from when
+    it is launched before the host has seen this one (the engine's async scheduling).
     """
 
-    def __init__(self, rows: torch.Tensor, metadata: SamplingMetadata):  # rows: [num_requests, max_drafts + 2]
-        self.first_tokens = rows[:, 0]
-        self.metadata = metadata
+    def __init__(self, rows: torch.Tensor, batch_indices: list[int], batch_size: int,
+                 previous_result: torch.Tensor | None = None):
+        self.batch_indices, self.batch_size = batch_indices, batch_size
+        self.previous_result = previous_result if previous_result is not None else continuation(rows)
         self._ready: torch.cuda.Event | None = None
         if rows.is_cuda:  # non-blocking into pinned memory; result() waits for this copy only
             self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
@@ -62,7 +66,13 @@ class PendingVerification:
         """Waits for the step (the one device-to-host copy) and unpacks it per request."""
         if self._ready is not None:
             self._ready.synchronize()
-        return _unpack(self._host.tolist(), self.metadata)
+        return _unpack(self._host.tolist(), self.batch_indices, self.batch_size)
+
+
+def continuation(rows: torch.Tensor) -> torch.Tensor:
+    """rows [n, width + 1] as PendingVerification holds them -> [n, 2] (last token emitted, drafts accepted)."""
+    num_accepted = rows[:, -1:]
+    return torch.cat([rows.gather(1, num_accepted), num_accepted], dim=1)
 
 
 def verify(
@@ -82,7 +92,8 @@ def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVer
     columns = torch.arange(num_columns, device=logits.device).unsqueeze(0)
     drafts = torch.nn.functional.pad(metadata.draft_token_ids, (0, 1))  # [num_requests, max_drafts + 1]
     output = torch.where(columns < num_accepted.unsqueeze(1), drafts, replacement[metadata.row_index])
-    return PendingVerification(torch.cat([output, num_accepted.unsqueeze(1)], dim=1), metadata)
+    rows = torch.cat([output, num_accepted.unsqueeze(1)], dim=1)
+    return PendingVerification(rows, metadata.batch_indices, metadata.batch_size)
 
 
 def _judge_rows(
@@ -111,10 +122,10 @@ def _judge_rows(
     return torch.where(greedy, greedy_accepted, sampled_accepted), torch.where(greedy, target_argmax, sampled)
 
 
-def _unpack(host: list[list[int]], metadata: SamplingMetadata) -> VerifiedTokens:
-    token_ids: list[list[int]] = [[] for _ in range(metadata.batch_size)]
-    num_accepted = [0] * metadata.batch_size
-    for row, batch_index in zip(host, metadata.batch_indices):
+def _unpack(host: list[list[int]], batch_indices: list[int], batch_size: int) -> VerifiedTokens:
+    token_ids: list[list[int]] = [[] for _ in range(batch_size)]
+    num_accepted = [0] * batch_size
+    for row, batch_index in zip(host, batch_indices):
         count = row[-1]
         token_ids[batch_index] = row[:count + 1]
         num_accepted[batch_index] = count

@@ -5,7 +5,6 @@ from enum import Enum
 
 import torch
 
-from verifier_service.engine.draft_policy import DraftBackoff
 from verifier_service.engine.outputs import FinishReason, RequestUsage
 from verifier_service.engine.sampling_params import SamplingParams
 
@@ -41,7 +40,8 @@ class Request:
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.num_draft_slots = 0  # KV slots reserved for drafts in the current step
         self.num_pending_tokens = 0  # trailing outputs that are placeholders for tokens still on the device
-        self.draft_backoff = DraftBackoff()  # whether drafting pays off for this request (draft_policy.py)
+        self.num_pending_drafts = 0  # drafts in flight: the step on the device may emit this many more tokens
+        self.num_speculative_tokens = 0  # its k, as the scheduler clamped it (Scheduler.add)
         self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
         self.generator = _seeded_generator(params.seed, device)
         self.num_draft_tokens = 0
@@ -64,16 +64,20 @@ class Request:
         self.output_token_ids.extend(token_ids)
         self.token_ids.extend(token_ids)
 
-    def append_pending_token(self) -> None:
-        """A placeholder for a token sampled on the device but not seen by the host yet (async scheduling)."""
+    def append_pending_token(self, num_drafts: int = 0) -> None:
+        """A placeholder for the last token of a step still on the device (async scheduling), which scored
+        num_drafts drafts for this request: it emits 1 to num_drafts + 1 tokens, this placeholder stands for
+        the last one (at the position it has if none of the drafts is accepted)."""
         self.append_output([PENDING_TOKEN])
         self.num_pending_tokens += 1
+        self.num_pending_drafts = num_drafts
 
     def drop_pending_token(self) -> None:
-        """Takes the placeholder back before the real token is appended."""
+        """Takes the placeholder back before the real tokens are appended."""
         self.output_token_ids.pop()
         self.token_ids.pop()
         self.num_pending_tokens -= 1
+        self.num_pending_drafts = 0
 
     def reset_for_recompute(self) -> None:
         """After preemption: the KV cache holds nothing; prompt + output are prefilled again later."""
@@ -90,6 +94,7 @@ class Request:
             draft_tokens=self.num_draft_tokens,
             accepted_tokens=self.num_accepted_tokens,
             steps=self.num_steps,
+            num_speculative_tokens=self.num_speculative_tokens,
         )
 
 

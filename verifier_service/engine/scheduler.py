@@ -5,12 +5,18 @@ verifier accepted. Each running request feeds tokens[num_computed:] (a prompt ch
 sampled token) and, when decoding, up to k draft slots whose KV blocks are reserved here before the
 proposer runs; add_drafts() then puts the actual drafts (maybe fewer) into the batch.
 
-Async scheduling: schedule_ahead(in_flight) plans the next step while `in_flight` (a step without drafts)
-still runs. Each request of it that gets logits will emit exactly one token, so the request is advanced
-now with a placeholder for that token (request.PENDING_TOKEN); update() later puts the real token in its
-place. A step scheduled ahead has no drafts (the drafter needs the real tokens) and preempts nobody (a preempted
-request would lose its token in flight). A request stopped by a stop token in update() may already be in
-the step scheduled ahead: that step's result for it is dropped (one token of work wasted, output exact).
+Async scheduling: schedule_ahead(in_flight) plans the next step while `in_flight` still runs. Each request
+of it that gets logits will emit between 1 and d + 1 tokens (d = its drafts in flight), so it is advanced
+now by one placeholder (request.PENDING_TOKEN) for the last of them, at the position it has if no draft is
+accepted; the device adds the accepted count to the positions (previous_tokens.py), and update() later puts
+the real tokens in place. Its KV blocks are reserved for the worst case (all d accepted), its draft slots
+capped so that max_tokens and max_model_len hold in that case, and a request that may reach its length
+limit within the step in flight is not scheduled ahead. A step scheduled ahead preempts nobody (a preempted
+request would lose its tokens in flight). A request stopped by a stop token in update() may already be in
+the step scheduled ahead: that step's result for it is dropped (work wasted, output exact).
+
+Draft slots: every decoding request gets min(its k, max_speculative_tokens) slots when the draft policy lets
+the step draft (draft_policy.py); the proposer fills as many as its evidence supports.
 """
 from __future__ import annotations
 
@@ -32,20 +38,26 @@ if TYPE_CHECKING:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, num_speculative_tokens: int, vocab_size: int,
-                 draft_policy: DraftPolicy | None = None) -> None:
+                 draft_policy: DraftPolicy | None = None, max_speculative_tokens: int | None = None) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.num_speculative_tokens = num_speculative_tokens
+        self.num_speculative_tokens = num_speculative_tokens  # k of requests that do not ask for one
+        # The most draft slots a request gets (larger asks are clamped; 0 turns speculation off).
+        self.max_speculative_tokens = (num_speculative_tokens if max_speculative_tokens is None
+                                       else max_speculative_tokens)
         self.vocab_size = vocab_size
-        self.draft_policy = draft_policy  # None: every decoding request drafts every step
+        self.draft_policy = draft_policy  # None: every decoding request may draft in every step
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[Request] = []  # oldest first, so the newest is preempted first
         self.num_preemptions = 0  # since start (stats read the difference per step)
 
     def add(self, request: Request) -> None:
+        k = request.params.num_speculative_tokens
+        request.num_speculative_tokens = min(self.num_speculative_tokens if k is None else k,
+                                             self.max_speculative_tokens)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -72,40 +84,46 @@ class Scheduler:
         return self._schedule(ahead=False)
 
     def schedule_ahead(self, in_flight: ScheduledBatch) -> ScheduledBatch:
-        """The next step's batch while in_flight (no drafts) runs; see the module docstring."""
+        """The next step's batch while in_flight runs; see the module docstring."""
         for scheduled in in_flight.requests:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while it ran
-            request.num_computed_tokens = scheduled.context_len
+            request.num_computed_tokens = scheduled.context_len - scheduled.num_draft_tokens
             if scheduled.num_logits:
-                request.append_pending_token()
+                request.append_pending_token(scheduled.num_draft_tokens)
         return self._schedule(ahead=True)
 
-    def may_draft(self) -> bool:
-        """Whether the next schedule() could reserve draft slots (then it must not be scheduled ahead):
-        some running request has k > 0 and the draft policy would let it draft (batch size, backoff)."""
-        policy, num_running = self.draft_policy, len(self.running)
-        if policy is not None and not policy.batch_allows_drafts(num_running):
-            return False  # a step this large drafts for nobody
-        return any(self._speculative_tokens(request) > 0
-                   and (policy is None or policy.may_allow_next(request.draft_backoff, num_running))
-                   for request in self.running)
+    def lookahead_requests(self, in_flight: ScheduledBatch) -> list[DraftRequest]:
+        """What to ask the proposer before scheduling ahead of in_flight (draft_lookahead.py): for each of its
+        requests that emits tokens and may draft next, the context known now and d + 1 + k tokens, enough to
+        guess what in_flight emits (d = its drafts there) and the k drafts after that."""
+        if self.draft_policy is not None and not self.draft_policy.batch_allows_drafts(len(self.running)):
+            return []
+        wanted = []
+        for scheduled in in_flight.requests:
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.status != RequestStatus.RUNNING or not scheduled.num_logits:
+                continue
+            k = self._max_drafts(request, extra=scheduled.num_draft_tokens + 1)
+            if k > 0:
+                wanted.append(DraftRequest(request.request_id, request.token_ids, scheduled.num_draft_tokens + 1 + k,
+                                           request.params.min_ngram, request.params.max_ngram))
+        return wanted
 
     def _schedule(self, ahead: bool) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
-        if self.draft_policy is not None:
-            self.draft_policy.begin_step(len(self.running))
         scheduled: list[ScheduledRequest] = []
         preempted = False
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            if ahead and self._ends_with_pending_token(request):
-                index += 1  # its last token, still in flight, finishes it: nothing to feed
+            if ahead and self._may_end_in_flight(request):
+                index += 1  # the step in flight may finish it: wait for its tokens
                 continue
-            num_tokens, num_slots = self._plan(request, request.num_computed_tokens, budget, drafts=not ahead)
-            if self._grow(request, num_tokens + num_slots):
+            num_tokens, num_slots = self._plan(request, request.num_computed_tokens, budget)
+            # Reserve for the worst case: the step in flight accepts all its drafts (0 when none is in flight).
+            if self._grow(request, num_tokens + num_slots + request.num_pending_drafts):
                 scheduled.append(self._scheduled(request, num_tokens, num_slots))
                 budget -= num_tokens + num_slots
                 index += 1
@@ -118,24 +136,26 @@ class Scheduler:
             if victim is request:
                 break
         if not preempted:  # admitting while preempting would only thrash
-            scheduled += self._admit(budget, drafts=not ahead)
+            scheduled += self._admit(budget)
         return ScheduledBatch(scheduled)
 
-    def _ends_with_pending_token(self, request: Request) -> bool:
-        """The token in flight reaches max_tokens or max_model_len (a stop token is only known later)."""
-        return request.num_pending_tokens > 0 and self._at_length_limit(request)
+    def _may_end_in_flight(self, request: Request) -> bool:
+        """The tokens in flight may reach max_tokens or max_model_len (a stop token is only known later)."""
+        return request.num_pending_tokens > 0 and self._at_length_limit(request, extra=request.num_pending_drafts)
 
-    def _at_length_limit(self, request: Request) -> bool:
-        return request.num_output_tokens >= request.params.max_tokens or request.num_tokens >= self.max_model_len
+    def _at_length_limit(self, request: Request, extra: int = 0) -> bool:
+        """Whether the request has (with `extra` more tokens would have) reached max_tokens or max_model_len."""
+        return (request.num_output_tokens + extra >= request.params.max_tokens
+                or request.num_tokens + extra >= self.max_model_len)
 
-    def _admit(self, budget: int, drafts: bool) -> list[ScheduledRequest]:
+    def _admit(self, budget: int) -> list[ScheduledRequest]:
         scheduled = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             # Leave at least the last token to compute: its logits choose the next token.
             cached = self.block_manager.find_cached_prefix(request.token_ids[:-1])
             num_cached_tokens = len(cached) * self.block_manager.block_size
-            num_tokens, num_slots = self._plan(request, num_cached_tokens, budget, drafts)
+            num_tokens, num_slots = self._plan(request, num_cached_tokens, budget)
             num_new_blocks = self.block_manager.blocks_needed(
                 num_cached_tokens + num_tokens + num_slots) - len(cached)
             num_revived = sum(1 for b in cached if self.block_manager.blocks[b].ref_count == 0)
@@ -152,28 +172,30 @@ class Scheduler:
             budget -= num_tokens + num_slots
         return scheduled
 
-    def _plan(self, request: Request, num_computed: int, budget: int, drafts: bool) -> tuple[int, int]:
+    def _plan(self, request: Request, num_computed: int, budget: int) -> tuple[int, int]:
         """(tokens to feed, draft slots): a prompt chunk, or the last token plus up to k drafts."""
         num_remaining = request.num_tokens - num_computed
         num_tokens = min(num_remaining, budget)
-        if num_remaining > 1 or not drafts:
+        if num_remaining > 1:
             return num_tokens, 0
-        max_drafts = self._max_drafts(request)
-        if max_drafts > 0 and self.draft_policy is not None and not self.draft_policy.allows(request.draft_backoff):
+        max_drafts = self._max_drafts(request, extra=request.num_pending_drafts)
+        if max_drafts > 0 and self.draft_policy is not None and not self.draft_policy.allows(len(self.running)):
             return num_tokens, 0
         return num_tokens, max(0, min(max_drafts, budget - 1))
 
-    def _max_drafts(self, request: Request) -> int:
-        """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1)."""
-        k = self._speculative_tokens(request)
+    def _max_drafts(self, request: Request, extra: int = 0) -> int:
+        """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1), even if
+        `extra` more tokens come first (those a step in flight may emit beyond its placeholder)."""
+        k = self.speculative_tokens(request)
         if k <= 0:
             return 0
-        return min(k, request.params.max_tokens - request.num_output_tokens - 1,
-                   self.max_model_len - request.num_tokens - 1)
+        return min(k, request.params.max_tokens - request.num_output_tokens - extra - 1,
+                   self.max_model_len - request.num_tokens - extra - 1)
 
-    def _speculative_tokens(self, request: Request) -> int:
-        k = request.params.num_speculative_tokens
-        return self.num_speculative_tokens if k is None else k
+    @staticmethod
+    def speculative_tokens(request: Request) -> int:
+        """The request's k: its own ask or the default, clamped to max_speculative_tokens (set by add)."""
+        return request.num_speculative_tokens
 
     def _grow(self, request: Request, num_new_slots: int) -> bool:
         """Make the block table cover num_new_slots more positions; False if blocks ran out."""
@@ -241,8 +263,6 @@ class Scheduler:
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             num_accepted = verified.num_accepted[index]
-            if scheduled.num_draft_tokens and self.draft_policy is not None:
-                self.draft_policy.observe(request.draft_backoff, scheduled.num_draft_tokens, num_accepted)
             request.num_computed_tokens = (scheduled.start_position + scheduled.num_tokens
                                            - scheduled.num_draft_tokens + num_accepted)
             if scheduled.num_logits:

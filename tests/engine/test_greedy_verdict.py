@@ -1,0 +1,58 @@
+"""The greedy verdict a CUDA-graph step computes inside the graph (greedy_verdict.py) is the rejection
+sampler's greedy result for the same rows, padding included; and the drafts guessed for a step launched
+behind one still in flight (draft_lookahead.py) follow the proposal past the guessed outcome."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.draft_lookahead import drafts_after
+from verifier_service.engine.greedy_verdict import greedy_verdict
+from verifier_service.engine.rejection_sampler import PendingVerification, verify
+from verifier_service.engine.request import Request
+from verifier_service.engine.sampling_metadata import SamplingMetadata
+from verifier_service.engine.sampling_params import SamplingParams
+
+VOCAB = 7
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_greedy_verdict_equals_the_rejection_samplers_greedy_result(seed):
+    rng = random.Random(seed)
+    width, num_requests = rng.choice([1, 2, 3, 5, 9]), rng.randint(1, 6)
+    bucket = num_requests + rng.randint(0, 3)  # padding sequences after the real ones
+    logits = torch.randn(bucket * width, VOCAB, generator=torch.Generator().manual_seed(seed))
+    target = logits.argmax(-1).view(bucket, width)
+    ids, counts, scheduled = torch.zeros(bucket, width, dtype=torch.int64), [], []
+    for i in range(num_requests):
+        count = rng.randint(1, width)
+        # drafts that follow the argmax for a while, then (maybe) leave it: every acceptance length occurs
+        drafts = [int(target[i, j]) if rng.random() < 0.7 else rng.randrange(VOCAB) for j in range(count - 1)]
+        ids[i, :count] = torch.tensor([rng.randrange(VOCAB)] + drafts)
+        counts.append(count)
+        scheduled.append(ScheduledRequest(f"r{i}", ids[i, :count].tolist(), 10, [0], count - 1, count))
+    counts += [0] * (bucket - num_requests)
+    rows, continuation = greedy_verdict(logits, ids, torch.tensor(counts))
+
+    requests = [Request(s.request_id, [0], SamplingParams(max_tokens=50), i) for i, s in enumerate(scheduled)]
+    real_rows = [i * width + j for i, count in enumerate(counts) for j in range(count)]
+    expected = verify(logits[real_rows], SamplingMetadata.build(ScheduledBatch(scheduled), requests, "cpu"))
+    got = PendingVerification(rows[:num_requests], list(range(num_requests)), num_requests,
+                              continuation[:num_requests]).result()
+    assert got == expected
+    assert continuation[:num_requests].tolist() == [[t[-1], a] for t, a in
+                                                    zip(expected.token_ids, expected.num_accepted)]
+
+
+@pytest.mark.parametrize("proposal, in_flight, slots, expected", [
+    ([5, 6, 7, 8, 9, 10], [5, 6], 3, [8, 9, 10]),  # all in-flight drafts agree: guessed bonus 7, then 8..
+    ([5, 6, 7, 8, 9, 10], [5, 4], 3, [7, 8, 9]),  # the second disagrees: guessed recovered token 6
+    ([5, 6, 7], [], 4, [6, 7]),  # nothing in flight beyond one token: proposal[0] is its guess
+    ([5], [5, 6], 2, []),  # the proposal ends before the guess does: no drafts
+    ([], [1], 2, []),
+])
+def test_drafts_after_the_guessed_outcome_of_the_step_in_flight(proposal, in_flight, slots, expected):
+    assert drafts_after(proposal, in_flight, slots) == expected

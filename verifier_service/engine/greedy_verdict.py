@@ -1,0 +1,30 @@
+"""Greedy verification inside a CUDA-graph step: the target's argmax judged against the drafts it was fed.
+
+In a decode / verify step sequence i feeds its last token and then its drafts, one per row, and the model
+scores every row. Under greedy decoding draft j (fed at row j + 1) is accepted when it equals the argmax of
+row j, left to right until the first disagreement; the tokens emitted are the argmax of rows
+0..num_accepted (the accepted drafts equal their rows' argmax, and the next argmax is the recovered or
+bonus token). This is the rejection sampler's greedy rule (rejection_sampler.py) for the padded
+[bucket, width] layout of a graph step, so that it runs inside the captured graph: a greedy step then
+launches no sampling kernels from the host, and its result has the rejection sampler's layout.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def greedy_verdict(
+    logits: torch.Tensor,  # [bucket * width, vocab]: every row of the step
+    ids: torch.Tensor,  # [bucket, width] int64: the tokens fed (last sampled token, then drafts)
+    counts: torch.Tensor,  # [bucket] int64: real rows per sequence (1 + its drafts; 0 for padding)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows [bucket, width + 1]: emitted tokens then num_accepted, as PendingVerification holds them;
+    continuation [bucket, 2]: the last token emitted and num_accepted)."""
+    bucket, width = ids.shape
+    target = logits.argmax(dim=-1).view(bucket, width)  # [bucket, width]
+    columns = torch.arange(1, width, device=ids.device)
+    agrees = (ids[:, 1:] == target[:, :-1]) & (columns < counts.unsqueeze(1))  # [bucket, width - 1]
+    num_accepted = agrees.long().cumprod(dim=1).sum(dim=1, keepdim=True)  # [bucket, 1]
+    rows = torch.cat([target, num_accepted], dim=1)
+    continuation = torch.cat([target.gather(1, num_accepted), num_accepted], dim=1)
+    return rows, continuation
