@@ -42,13 +42,13 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
 def usage_from_pb(message: common_pb2.Usage) -> Usage:
     return Usage(prompt_tokens=message.prompt_tokens, completion_tokens=message.completion_tokens,
                  draft_tokens=message.draft_tokens, accepted_tokens=message.accepted_tokens,
-                 steps=message.steps)
+                 steps=message.steps, num_speculative_tokens=message.num_speculative_tokens)
 
 
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:
     return common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                             draft_tokens=usage.draft_tokens, accepted_tokens=usage.accepted_tokens,
-                            steps=usage.steps)
+                            steps=usage.steps, num_speculative_tokens=usage.num_speculative_tokens)
 
 
 def chunk_from_verifier(message: verifier_pb2.VerifierGenerateResponse) -> VerifierChunk:

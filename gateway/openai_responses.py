@@ -35,7 +35,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "speculative": {"draft_tokens": usage.draft_tokens, "accepted_tokens": usage.accepted_tokens,
-                        "steps": usage.steps},
+                        "steps": usage.steps, "num_speculative_tokens": usage.num_speculative_tokens},
     }
 
 

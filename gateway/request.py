@@ -35,6 +35,7 @@ class Usage:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     steps: int = 0
+    num_speculative_tokens: int = 0  # draft slots per step the verifier gave the request (its k, clamped)
 
     @property
     def total_tokens(self) -> int:

@@ -40,7 +40,7 @@ class StreamProgress:
                        completion_tokens=usage.completion_tokens + carried.completion_tokens,
                        draft_tokens=usage.draft_tokens + carried.draft_tokens,
                        accepted_tokens=usage.accepted_tokens + carried.accepted_tokens,
-                       steps=usage.steps + carried.steps)
+                       steps=usage.steps + carried.steps, num_speculative_tokens=usage.num_speculative_tokens)
         self.last_usage = merged
         return dataclasses.replace(chunk, usage=merged)
 

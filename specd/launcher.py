@@ -60,6 +60,8 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
             "--model", options.model, "--device", options.device, "--dtype", options.dtype,
             "--num-speculative-tokens", str(options.num_speculative_tokens),
             "--max-model-len", str(options.max_model_len)]
+    if options.max_speculative_tokens is not None:
+        argv += ["--max-speculative-tokens", str(options.max_speculative_tokens)]
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]
     for flag, value in (("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key),

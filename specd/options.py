@@ -19,6 +19,7 @@ DEFAULT_DRAFTER_ADDR = f"127.0.0.1:{DRAFTER_PORTS[0]}"
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ASYNC_SCHEDULING = ("auto", "on", "off")
+MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class ServiceOptions:
     device: str = "auto"
     dtype: str = "auto"
     num_speculative_tokens: int = 4
+    max_speculative_tokens: int | None = None  # verifier: the most a request may ask for (None: max(8, default))
     max_model_len: int = 0  # 0 = the model's own context length
     verifier_addrs: tuple[str, ...] = ()
     drafter_addr: str = DEFAULT_DRAFTER_ADDR
@@ -53,6 +55,10 @@ class ServiceOptions:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens: must be >= 0 (0 turns speculation off)")
+        if self.max_speculative_tokens is not None and not (
+                self.num_speculative_tokens <= self.max_speculative_tokens <= MAX_SPECULATIVE_TOKENS):
+            raise ValueError(f"max_speculative_tokens: must be in [num_speculative_tokens "
+                             f"({self.num_speculative_tokens}), {MAX_SPECULATIVE_TOKENS}]")
         if self.max_model_len < 0:
             raise ValueError("max_model_len: must be >= 0 (0 = the model's own context length)")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -101,7 +107,11 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", choices=DTYPES, default=_env("dtype", defaults.dtype))
     group.add_argument("--num-speculative-tokens", type=int,
                        default=int(_env("num_speculative_tokens", defaults.num_speculative_tokens)),
-                       help="draft tokens per step (0 turns speculation off)")
+                       help="draft tokens per step for requests that do not ask (0 turns speculation off)")
+    group.add_argument("--max-speculative-tokens", type=int,
+                       default=_optional_int(_env("max_speculative_tokens", None)),
+                       help="verifier: the most draft tokens per step a request may ask for; larger asks are "
+                            "clamped (usage reports the k used). Default: max(8, --num-speculative-tokens)")
     group.add_argument("--max-model-len", type=int, default=int(_env("max_model_len", defaults.max_model_len)),
                        help="prompt + output tokens per request (0 = the model's own context length)")
     env_verifiers = _env("verifier_addr", "")
@@ -132,7 +142,7 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
                        default=_env("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "
-                            "no drafts are involved (auto = on CUDA only; output is the same either way)")
+                            "with or without drafts (auto = on CUDA only; output is the same either way)")
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -143,7 +153,8 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
     """Validated ServiceOptions from parsed arguments; raises ValueError naming the bad option."""
     return ServiceOptions(
         model=args.model, device=args.device, dtype=args.dtype,
-        num_speculative_tokens=args.num_speculative_tokens, max_model_len=args.max_model_len,
+        num_speculative_tokens=args.num_speculative_tokens, max_speculative_tokens=args.max_speculative_tokens,
+        max_model_len=args.max_model_len,
         verifier_addrs=tuple(args.verifier_addrs), drafter_addr=args.drafter_addr, host=args.host,
         port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,

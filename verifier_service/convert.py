@@ -64,7 +64,7 @@ def output_to_proto(output: RequestOutput) -> verifier_pb2.VerifierGenerateRespo
 def usage_to_proto(usage: RequestUsage) -> common_pb2.Usage:
     return common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                             draft_tokens=usage.draft_tokens, accepted_tokens=usage.accepted_tokens,
-                            steps=usage.steps)
+                            steps=usage.steps, num_speculative_tokens=usage.num_speculative_tokens)
 
 
 def load_to_proto(load: EngineLoad, num_pending: int, limits: ModelLimits) -> verifier_pb2.LoadReport:

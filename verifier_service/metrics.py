@@ -47,7 +47,7 @@ class VerifierMetrics:
                                          "Steps decoded without drafts because the drafter failed or was late.")
         self.steps_scheduled_ahead = counter("steps_scheduled_ahead",
                                              "Steps that launched the next step before their own tokens reached "
-                                             "the host (async scheduling; never with drafts).")
+                                             "the host (async scheduling).")
 
 
 class VerifierMetricsExporter:

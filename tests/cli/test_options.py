@@ -51,7 +51,17 @@ def test_async_scheduling_reaches_the_engine_config(monkeypatch, argv, env, expe
     assert verifier_config_from_options(options).engine.async_scheduling is expected  # None = auto (CUDA only)
 
 
+@pytest.mark.parametrize("argv, env, expected", [([], {}, 8), (["--max-speculative-tokens", "12"], {}, 12),
+                                                  ([], {"SPECD_MAX_SPECULATIVE_TOKENS": "6"}, 6),
+                                                  (["--num-speculative-tokens", "10"], {}, 10)])
+def test_max_speculative_tokens_reaches_the_engine_config(monkeypatch, argv, env, expected):
+    options = parse(["verifier", "--device", "cpu", *argv], monkeypatch, **env)
+    assert verifier_config_from_options(options).engine.speculative_tokens_limit == expected
+
+
 @pytest.mark.parametrize("field, kwargs", [("num_speculative_tokens", {"num_speculative_tokens": -1}),
+                                           ("max_speculative_tokens", {"max_speculative_tokens": 3}),
+                                           ("max_speculative_tokens", {"max_speculative_tokens": 33}),
                                            ("device", {"device": "tpu"}),
                                            ("async_scheduling", {"async_scheduling": "yes"}),
                                            ("tls_cert", {"tls_cert": "c.pem"})])

@@ -16,7 +16,7 @@ PROMPTS = [
 MAX_TOKENS = 24
 
 
-@pytest.mark.parametrize("num_speculative_tokens", [0, 4])
+@pytest.mark.parametrize("num_speculative_tokens", [0, 4, 7, 50])  # 50: clamped to the verifier's maximum, 8
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_grpc_greedy_equals_transformers(stack, prompt, num_speculative_tokens):
     result = generate(stack.gateway_address, prompt, MAX_TOKENS, num_speculative_tokens=num_speculative_tokens)
@@ -35,6 +35,13 @@ def test_usage_counts_are_consistent(stack, prompt):
     # Each step emits its accepted drafts plus exactly one token of the target model's own.
     assert usage.completion_tokens <= usage.steps + usage.accepted_tokens
     assert usage.prompt_tokens > 0
+    assert usage.num_speculative_tokens == 4
+
+
+def test_a_larger_ask_than_the_maximum_is_clamped_and_reported(stack):
+    result = generate(stack.gateway_address, PROMPTS[0], MAX_TOKENS, num_speculative_tokens=50)
+    assert result.usage.num_speculative_tokens == 8  # the verifiers' default maximum
+    assert result.usage.draft_tokens <= 8 * result.usage.steps
 
 
 def test_speculation_accepts_drafts_on_repetitive_text(stack):
@@ -49,18 +56,20 @@ def test_no_speculation_scores_no_drafts(stack):
     assert result.usage.steps == result.usage.completion_tokens
 
 
-def test_steps_without_drafts_are_scheduled_ahead_and_output_is_unchanged(stack):
-    """This stack's verifiers run with --async-scheduling on: a request without speculation is decoded with
-    each step launched before the previous step's tokens reached the host, and still equals transformers."""
+@pytest.mark.parametrize("num_speculative_tokens", [0, 4])
+def test_steps_are_scheduled_ahead_and_output_is_unchanged(stack, num_speculative_tokens):
+    """This stack's verifiers run with --async-scheduling on: each step is launched before the previous step's
+    tokens reached the host (with drafts too: guessed from a proposal covering the step in flight), and the
+    output still equals transformers."""
     def scheduled_ahead() -> float:
         return sum(metric_value(stack.metrics_url(f"verifier-{i}"), "specd_steps_scheduled_ahead_total")
                    for i in range(len(stack.verifier_addresses)))
 
     before = scheduled_ahead()
-    result = generate(stack.gateway_address, PROMPTS[1], MAX_TOKENS, num_speculative_tokens=0)
+    result = generate(stack.gateway_address, PROMPTS[1], MAX_TOKENS, num_speculative_tokens=num_speculative_tokens)
     assert result.token_ids == list(greedy_reference(PROMPTS[1], MAX_TOKENS))
     # Export runs after each step's outputs are delivered: the last step or two may not be counted yet.
-    assert scheduled_ahead() >= before + MAX_TOKENS // 2
+    assert scheduled_ahead() >= before + result.usage.steps // 2
 
 
 @pytest.mark.parametrize("num_speculative_tokens", [0, 4])

@@ -34,8 +34,15 @@ async def test_completion_returns_the_text_and_usage_with_speculative_counts(cli
     assert usage["prompt_tokens"] == len(tokenizer.encode("Hi"))
     assert usage["completion_tokens"] == len(stack.reply_ids)
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert set(usage["speculative"]) == {"draft_tokens", "accepted_tokens", "steps"}
+    assert set(usage["speculative"]) == {"draft_tokens", "accepted_tokens", "steps", "num_speculative_tokens"}
     assert usage["speculative"]["accepted_tokens"] <= usage["speculative"]["draft_tokens"]
+    assert usage["speculative"]["num_speculative_tokens"] == 4  # the verifier's default k
+
+
+async def test_usage_says_how_many_drafts_per_step_a_request_got(client):
+    response = await client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 40,
+                                                          "num_speculative_tokens": 50})
+    assert response.json()["usage"]["speculative"]["num_speculative_tokens"] == 8  # clamped by the verifier
 
 
 async def test_streaming_completion_sends_deltas_then_usage_then_done(client, stack):

@@ -67,13 +67,16 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
         tokens = self.tokens[:request.sampling.max_tokens]
         finish_reason = "length" if len(tokens) < len(self.tokens) else "stop"
         steps = [tokens[i:i + self.tokens_per_step] for i in range(0, len(tokens), self.tokens_per_step)]
+        sampling = request.sampling  # k as a verifier with default 4 and maximum 8 reports it
+        asked_k = sampling.num_speculative_tokens if sampling.HasField("num_speculative_tokens") else None
         for index, step in enumerate(steps):
             if self.hold_after_steps is not None and index == self.hold_after_steps:
                 await asyncio.Event().wait()  # until the call is cancelled
             last = index == len(steps) - 1
             usage = common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
                                      completion_tokens=len(tokens), draft_tokens=2 * len(steps),
-                                     accepted_tokens=len(tokens) - len(steps), steps=len(steps))
+                                     accepted_tokens=len(tokens) - len(steps), steps=len(steps),
+                                     num_speculative_tokens=min(asked_k, 8) if asked_k is not None else 4)
             yield verifier_pb2.VerifierGenerateResponse(
                 token_ids=step, finish_reason=finish_reason if last else "", usage=usage if last else None)
             await asyncio.sleep(0)  # let cancellations in between steps, as a real engine would
