@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
-#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before]
+#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
-# to compare before / after on the same machine in one call.
+# to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
+# .device/old; nanovllm: specd's throughput (speculation off / on, async) alternating with nano-vllm's own
+# bench.py on the same workload and card (peers in .device/peers).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -24,6 +26,11 @@ for part in "$@"; do
     async) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive --schedule sync,async,sync,async 2>&1 | tee "$OUT/throughput_async.log" | tail -11 ;;
     enginestep) models qwen3-0.6b && python3 bench/gpu_engine_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/engine_step.log" | tail -5 ;;
     enginestep8b) models llama3-8b && python3 bench/gpu_engine_step.py /tmp/models/llama3-8b --tokens 128 2>&1 | tee "$OUT/engine_step8b.log" | tail -5 ;;
+    enginestep_before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_engine_step.py /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/engine_step_before.log" | tail -5 ;;
+    nanovllm) models qwen3-0.6b && for round in 1 2; do
+        bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
+        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
+      done ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
   esac
 done

@@ -16,5 +16,5 @@ mkdir -p /tmp/gguf && cat "$@" > "$SPECD_DEFAULT_GGUF" || exit 1
 echo "$GGUF_MD5  $SPECD_DEFAULT_GGUF" | md5sum -c - || exit 1
 python3 -m specd.default_model 2>&1 | tail -1
 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_default_model.py 2>&1 | tee "$OUT/default_model.log" | tail -15
-python3 bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 8 --concurrency 1 32 \
+python3 bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 12 --max-tokens 128 --concurrency 1 32 --extra-k 8 \
   --port-offset 700 2>&1 | tee "$OUT/serve.log" | grep -v "INFO" | tail -20

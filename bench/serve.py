@@ -4,7 +4,8 @@
     python bench/serve.py --addr HOST:PORT --verifier-metrics http://HOST:9461/metrics
     python bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 8 --concurrency 1 32   # GPU
 
-For each concurrency level it runs the workload with speculation off and on and prints tokens/s,
+For each concurrency level it runs the workload with speculation off and on (and at batch 1 each
+--extra-k as the requests' own num_speculative_tokens, on the same server) and prints tokens/s,
 mean acceptance length (completion tokens / verifier steps), TTFT and per-token inter-token latency
 percentiles. At batch 1 it also runs Hugging Face `generate`, plain and with
 `prompt_lookup_num_tokens`, on the same model, prompts and device, and estimates what the gRPC hops cost: the client's time between messages
@@ -163,6 +164,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--extra-k", type=int, nargs="*", default=[],
+                        help="at batch 1, also run requests asking for these k (per request) on the same server")
     parser.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens (its default 10)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--skip-hf", action="store_true")
@@ -196,14 +199,28 @@ def main() -> None:
         hf = hf_runs[-1]
         spec_batch1 = next(r for r in results if r.label.startswith(f"specd k={args.num_speculative_tokens} c=1"))
         print(f"batch 1: specd / HF prompt lookup = {spec_batch1.tokens_per_second / hf.tokens_per_second:.2f}x")
+    print_ratios(results, args.num_speculative_tokens)
     print_table(results)
+
+
+def print_ratios(results: list[RunResult], k: int) -> None:
+    """Speculation on / off per concurrency, and each per-request k / the server's k at batch 1."""
+    by_label = {r.label: r.tokens_per_second for r in results}
+    for label, value in by_label.items():
+        if label.startswith("specd k=0 "):
+            on = by_label.get(label.replace("k=0 ", f"k={k} "))
+            if on:
+                print(f"{label[len('specd k=0 '):]}: speculation on / off = {on / value:.2f}x")
+        elif label.startswith("specd k=") and label.endswith(" c=1") and not label.startswith(f"specd k={k} "):
+            print(f"batch 1: {label.split()[1]} / k={k} = {value / by_label[f'specd k={k} c=1']:.2f}x")
 
 
 def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
     asyncio.run(run_workload(args.addr, prompts[:1], 1, 8, args.num_speculative_tokens))  # warm the path
     results = []
     for concurrency in args.concurrency:
-        for k in (0, args.num_speculative_tokens):
+        extra = [k for k in args.extra_k if k not in (0, args.num_speculative_tokens)] if concurrency == 1 else []
+        for k in (0, args.num_speculative_tokens, *extra):
             before = mean_step_seconds(args.verifier_metrics) if args.verifier_metrics else None
             chosen = batch1_prompts(args, prompts) if concurrency == 1 else prompts
             result = asyncio.run(run_workload(args.addr, chosen, concurrency, args.max_tokens, k))

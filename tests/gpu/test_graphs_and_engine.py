@@ -82,6 +82,42 @@ def test_graph_replay_equals_eager_and_writes_no_foreign_kv(checkpoint, draft_co
         torch.testing.assert_close(cache_graphed[:scratch].float(), cache_eager[:scratch].float(), atol=3e-2, rtol=0)
 
 
+@pytest.mark.parametrize("advances, draft_counts", [([0, 0, 0], [0, 0, 0]), ([2, 0, 4], [4, 0, 2]),
+                                                     ([4, 1, 3], [8, 8, 1])])
+def test_a_graph_step_continuing_from_a_step_in_flight_equals_eager_on_the_real_inputs(checkpoint, advances,
+                                                                                        draft_counts):
+    """The step in flight fed 1 + 4 tokens per sequence and accepted `advances` of them; the next step, packed
+    before that was known, takes its first token and its start from the result on the device (positions,
+    slots and context lengths computed inside the graph) and judges its drafts inside the graph."""
+    from verifier_service.engine.previous_tokens import resolve_on_host
+    from verifier_service.engine.rejection_sampler import verify
+    from verifier_service.engine.request import Request
+    from verifier_service.engine.sampling_metadata import SamplingMetadata
+    from verifier_service.engine.sampling_params import SamplingParams
+
+    eager, graphed = make_runner(checkpoint, graphs=False), make_runner(checkpoint, graphs=True, widths=(1, 5, 9))
+    for runner in (eager, graphed):
+        prefill(runner)
+        runner.execute(verify_step([4, 4, 4]))  # the step "in flight": 5 tokens at each prompt's end
+    previous = torch.tensor([[40 + i, a] for i, a in enumerate(advances)], device="cuda")
+    chained = ScheduledBatch([ScheduledRequest(f"r{i}", [0] + [60 + j for j in range(d)], len(p) + 1, t, d, 1 + d,
+                                               previous_token_row=i, previous_num_drafts=4)
+                              for i, (p, t, d) in enumerate(zip(PROMPTS, TABLES, draft_counts))],
+                             previous_result=previous)
+    resolved = resolve_on_host(chained)
+    assert [r.start_position for r in resolved.requests] == [len(p) + 1 + a for p, a in zip(PROMPTS, advances)]
+    expected = eager.execute(resolved)
+    shape = graphed.graphs.shape_for(chained)
+    outputs, rows = graphed.graphs.run(chained, shape)
+    logits = (outputs.logits if rows is None else outputs.logits[rows]).float()
+    torch.testing.assert_close(logits, expected, atol=3e-2, rtol=3e-2)
+    requests = [Request(r.request_id, [0], SamplingParams(max_tokens=50), i) for i, r in enumerate(resolved.requests)]
+    verdict = verify(logits, SamplingMetadata.build(resolved, requests, "cuda"))  # the sampler on the same logits
+    assert outputs.rows[:3, -1].tolist() == verdict.num_accepted
+    assert [row[:a + 1] for row, a in zip(outputs.rows[:3].tolist(), verdict.num_accepted)] == verdict.token_ids
+    assert outputs.continuation[:3].tolist() == [[t[-1], a] for t, a in zip(verdict.token_ids, verdict.num_accepted)]
+
+
 def test_prefill_and_oversize_batches_run_eagerly(checkpoint):
     runner = make_runner(checkpoint, graphs=True)
     prompt = ScheduledBatch([ScheduledRequest("a", PROMPTS[0], 0, TABLES[0], 0, 1)])
@@ -92,35 +128,77 @@ def test_prefill_and_oversize_batches_run_eagerly(checkpoint):
     assert runner.graphs.shape_for(too_many) is None
 
 
-def engine_for(checkpoint, proposer, enforce_eager=False, async_scheduling=None):
+def engine_for(checkpoint, proposer, enforce_eager=False, async_scheduling=None, max_speculative_tokens=None):
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine
 
     config = EngineConfig(model=str(checkpoint), device="cuda", dtype="bfloat16", block_size=BLOCK,
                           kv_cache_bytes=64 << 20, max_num_seqs=8, num_speculative_tokens=4,
-                          enforce_eager=enforce_eager, enable_prefix_caching=False,
-                          async_scheduling=async_scheduling)
+                          max_speculative_tokens=max_speculative_tokens, enforce_eager=enforce_eager,
+                          enable_prefix_caching=False, async_scheduling=async_scheduling)
     return Engine(config, proposer)
 
 
-def test_greedy_with_speculation_equals_without(checkpoint):
+def assert_equal_or_near_tie(engine, prompts_by_id, got_by_id, expected_by_id):
+    """bf16: a different batch shape may flip a near-tie of the target; any other difference fails."""
+    for rid, expected in expected_by_id.items():
+        got = got_by_id[rid]
+        if got != expected:
+            first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+            gap = top2_gap(engine.runner, prompts_by_id[rid] + expected[:first], BLOCK)
+            print(f"{rid}: first difference at token {first}, top-2 logit gap {gap:.4f}")
+            assert gap < 0.1, f"{rid} differs at token {first} with a top-2 gap of {gap:.3f}: not a near-tie"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "chained"])
+def test_greedy_with_speculation_equals_without(checkpoint, async_scheduling):
     from support.proposers import OracleProposer
 
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50]]
-    plain = generate_greedy(engine_for(checkpoint, None), prompts, MAX_TOKENS)
+    plain = generate_greedy(engine_for(checkpoint, None, async_scheduling=False), prompts, MAX_TOKENS)
     references = {rid: prompts[int(rid[1:])] + out for rid, out in plain.items()}
     proposer = OracleProposer(references)
-    engine = engine_for(checkpoint, proposer)
+    engine = engine_for(checkpoint, proposer, async_scheduling=async_scheduling)
     assert engine.runner.graphs is not None
     speculative = generate_greedy(engine, prompts, MAX_TOKENS)
     assert proposer.num_proposed > 0
-    for rid, expected in plain.items():
-        got = speculative[rid]
-        if got != expected:  # bf16: a different batch shape may flip a near-tie; show that it is one
-            first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
-            gap = top2_gap(engine.runner, prompts[int(rid[1:])] + expected[:first], BLOCK)
-            print(f"{rid}: first difference at token {first}, top-2 logit gap {gap:.4f}")
-            assert gap < 0.1, f"{rid} differs at token {first} with a top-2 gap of {gap:.3f}: not a near-tie"
+    stats = engine.take_step_stats()
+    assert (sum(s.scheduled_ahead for s in stats) > 0) is async_scheduling
+    assert sum(s.spec_decoding.num_accepted_tokens for s in stats if s.spec_decoding) > MAX_TOKENS
+    assert_equal_or_near_tie(engine, {f"r{i}": p for i, p in enumerate(prompts)}, speculative, plain)
+
+
+def test_every_k_up_to_the_maximum_and_mixed_k_batches_replay_graphs(checkpoint):
+    """Requests asking for k = 0 .. 8 (and 20, clamped) in one batch: every decode / verify step replays a
+    captured graph (none runs eagerly), widths beyond the default k + 1 included, and greedy output equals
+    plain decoding's."""
+    from support.proposers import OracleProposer
+    from verifier_service.engine.sampling_params import SamplingParams
+
+    asks = [0, 1, 2, 3, 4, 6, 8, 20]
+    prompts = {f"k{k}": [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50]][i % 3] for i, k in enumerate(asks)}
+    plain_by_prompt = generate_greedy(engine_for(checkpoint, None, async_scheduling=False),
+                                      [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50]], MAX_TOKENS)
+    plain = {rid: plain_by_prompt[f"r{i % 3}"] for i, rid in enumerate(prompts)}
+    engine = engine_for(checkpoint, OracleProposer({rid: prompts[rid] + plain[rid] for rid in prompts}),
+                        max_speculative_tokens=8)
+    assert engine.runner.graphs.widths == [1, 2, 3, 5, 9]
+    shape_for, shapes, eager = engine.runner.graphs.shape_for, [], []
+
+    def recording(batch):
+        shape = shape_for(batch)
+        if all(r.start_position > 0 and r.num_logits == r.num_tokens for r in batch.requests):
+            (shapes if shape is not None else eager).append(shape)
+        return shape
+
+    engine.runner.graphs.shape_for = recording
+    for (rid, prompt), k in zip(prompts.items(), asks):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                       num_speculative_tokens=k))
+    outputs = run(engine)
+    assert not eager, f"{len(eager)} decode / verify steps ran eagerly"
+    assert {width for _, width in shapes} >= {9}  # the k = 8 requests' steps
+    assert_equal_or_near_tie(engine, prompts, outputs, plain)
 
 
 @pytest.mark.parametrize("temperature, filters, drafting", [(0.0, True, True), (0.6, True, True), (0.6, False, False)],

@@ -64,10 +64,14 @@ class GraphedSteps:
     """Captured forwards of `model` for decode / verify steps (see the module docstring)."""
 
     def __init__(self, model, block_size: int, scratch_block: int, max_batch: int, widths: list[int],
-                 max_model_len: int, device: torch.device):
+                 max_model_len: int, device: torch.device, max_verify_batch: int | None = None):
+        """max_verify_batch: the largest batch that may score drafts (wider steps are captured only up to
+        the bucket that holds it: larger steps never draft, draft_policy.py); None = max_batch."""
         self.model, self.block_size, self.scratch_block = model, block_size, scratch_block
         self.device, self.widths = device, sorted(set(widths))
         self.buckets = batch_buckets(max_batch)
+        verify_batch = min(max_verify_batch or max_batch, max_batch)
+        self.max_verify_bucket = next(b for b in self.buckets if b >= verify_batch)
         self.max_batch, self.max_width = self.buckets[-1], self.widths[-1]
         # Padding rows may reach max_width positions past a sequence's end: keep their blocks in the table.
         self.max_blocks = -(-(max_model_len + self.max_width) // block_size)
@@ -92,6 +96,8 @@ class GraphedSteps:
         stream = torch.cuda.Stream(self.device)
         for width in reversed(self.widths):
             for batch in reversed(self.buckets):
+                if width > 1 and batch > self.max_verify_bucket:
+                    continue  # steps this large never score drafts
                 self._fill_padding(batch, width)
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):  # warm-up run off the capture, as PyTorch advises
@@ -144,7 +150,7 @@ class GraphedSteps:
         if width is None:
             return None
         bucket = next(b for b in self.buckets if b >= len(batch.requests))
-        return bucket, width
+        return (bucket, width) if (bucket, width) in self._graphs else None
 
     def run(self, batch: ScheduledBatch, shape: tuple[int, int]) -> tuple[GraphStep, torch.Tensor | None]:
         """Replays the graph of `shape` on batch: (its outputs, the logit rows of the real tokens [num_logits]

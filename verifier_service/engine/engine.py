@@ -318,5 +318,7 @@ def build_model_runner(config: EngineConfig, drafts: bool = True):
                          gpu_memory_utilization=config.kv_cache_memory_fraction,
                          max_model_len=config.max_model_len or None, compile_model=config.compile_model)
     if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
-        runner.capture_cuda_graphs(config.max_num_seqs, step_widths(config.speculative_tokens_limit if drafts else 0))
+        drafting_batch = config.max_draft_batch_size if config.adaptive_drafting else 0  # 0: any batch drafts
+        runner.capture_cuda_graphs(config.max_num_seqs, step_widths(config.speculative_tokens_limit if drafts else 0),
+                                   max_verify_batch=drafting_batch or None)
     return runner

@@ -86,8 +86,9 @@ class ModelRunner:
             prepack_linears(self.model)
         self.graphs: GraphedSteps | None = None
 
-    def capture_cuda_graphs(self, max_batch: int, widths: list[int]) -> bool:
-        """Captures decode / verify steps of up to max_batch sequences and the given widths (1 + drafts).
+    def capture_cuda_graphs(self, max_batch: int, widths: list[int], max_verify_batch: int | None = None) -> bool:
+        """Captures decode / verify steps of up to max_batch sequences and the given widths (1 + drafts);
+        widths above 1 only up to max_verify_batch sequences (None: max_batch), the largest that drafts.
 
         Only on CUDA with the flash-attn backend (the reference backend's layout depends on the step's
         lengths). Takes the last KV block as the padding rows' scratch block. Returns whether it did.
@@ -97,7 +98,7 @@ class ModelRunner:
         self.num_blocks -= 1  # the block manager never hands out the scratch block
         self.static_token_counts.update(widths)  # batch-1 steps of each width: autotuned compiled regions
         self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
-                                   self.max_model_len, self.device)
+                                   self.max_model_len, self.device, max_verify_batch)
         self.graphs.capture()
         return True
 
