@@ -86,16 +86,17 @@ async def run_workload(address: str, prompts: list[str], concurrency: int, max_t
     return result
 
 
-def mean_step_seconds(metrics_url: str) -> tuple[float, float]:
-    """(total seconds in engine steps, number of steps) from the verifier's metrics."""
-    seconds = steps = 0.0
+def stage_seconds(metrics_url: str) -> dict[str, float]:
+    """Total seconds per engine step stage, and the number of steps under "steps", from the verifier's metrics."""
+    totals: dict[str, float] = {"steps": 0.0}
     for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
         for sample in family.samples:
+            stage = sample.labels.get("stage")
             if sample.name == "specd_step_stage_seconds_sum":
-                seconds += sample.value
-            elif sample.name == "specd_step_stage_seconds_count" and sample.labels.get("stage") == "update":
-                steps += sample.value  # every step updates once (specd_step_tokens counts forward passes)
-    return seconds, steps
+                totals[stage] = totals.get(stage, 0.0) + sample.value
+            elif sample.name == "specd_step_stage_seconds_count" and stage == "update":
+                totals["steps"] += sample.value  # every step updates once (specd_step_tokens counts forward passes)
+    return totals
 
 
 def hf_generate(model_path: str, prompts: list[str], max_tokens: int, lookup_tokens: int,
@@ -221,12 +222,12 @@ def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
     for concurrency in args.concurrency:
         extra = [k for k in args.extra_k if k not in (0, args.num_speculative_tokens)] if concurrency == 1 else []
         for k in (0, args.num_speculative_tokens, *extra):
-            before = mean_step_seconds(args.verifier_metrics) if args.verifier_metrics else None
+            before = stage_seconds(args.verifier_metrics) if args.verifier_metrics else None
             chosen = batch1_prompts(args, prompts) if concurrency == 1 else prompts
             result = asyncio.run(run_workload(args.addr, chosen, concurrency, args.max_tokens, k))
             results.append(result)
             if before is not None and concurrency == 1:
-                report_hop_cost(result, before, mean_step_seconds(args.verifier_metrics))
+                report_hop_cost(result, before, stage_seconds(args.verifier_metrics))
     return results
 
 
@@ -235,14 +236,18 @@ def batch1_prompts(args: argparse.Namespace, prompts: list[str]) -> list[str]:
     return prompts[:args.batch1_prompts] if args.batch1_prompts else prompts
 
 
-def report_hop_cost(result: RunResult, before: tuple[float, float], after: tuple[float, float]) -> None:
+def report_hop_cost(result: RunResult, before: dict[str, float], after: dict[str, float]) -> None:
     """At batch 1 the engine works only for this client: wall time beyond its step time is the hops' cost
-    (gateway tokenize / route / detokenize, two gRPC hops, the engine thread hand-off)."""
-    engine_seconds, steps = after[0] - before[0], after[1] - before[1]
+    (gateway tokenize / route / detokenize, two gRPC hops, the engine thread hand-off). Also the engine's
+    mean ms per step in each stage (propose: waiting for the drafter; verify: waiting for the device)."""
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    steps = delta.pop("steps")
+    engine_seconds = sum(delta.values())
     overhead = result.wall_seconds - engine_seconds
+    stages = ", ".join(f"{name} {1000 * value / max(steps, 1):.3f}" for name, value in delta.items())
     print(f"{result.label}: {steps:.0f} steps, engine {engine_seconds:.2f} s "
-          f"({1000 * engine_seconds / max(steps, 1):.1f} ms/step), client wall {result.wall_seconds:.2f} s, "
-          f"outside the engine {100 * overhead / result.wall_seconds:.1f}%")
+          f"({1000 * engine_seconds / max(steps, 1):.1f} ms/step: {stages}), client wall "
+          f"{result.wall_seconds:.2f} s, outside the engine {100 * overhead / result.wall_seconds:.1f}%")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ delay the engine; this relies on the engine only appending to a request's token_
 A reply whose step_id is not the one awaited (it came after its deadline) is dropped, but its
 resync answers are still honoured. A new stream starts empty on the drafter, so every sequence is
 re-sent whole on it.
+
+`begin_propose()` sends a step and returns at once; its `result()` waits for the reply (up to `timeout_s`
+after it was sent), so the engine can ask for the next step's drafts the moment the contexts are known and
+do its other work while the drafter answers. `propose()` is the two back to back.
 """
 from __future__ import annotations
 
@@ -92,6 +96,24 @@ class _Stream:
             yield _step_to_pb(step)
 
 
+class _PendingStep:
+    """A step sent to the drafter (or one that could not be): result() waits for its drafts."""
+
+    def __init__(self, client: DrafterClient, requests: list[DraftRequest], fallback: bool = False,
+                 generation: int = -1, step_id: int = 0, deadline: float = 0.0) -> None:
+        self.client, self.requests, self.fallback = client, requests, fallback
+        self.generation, self.step_id, self.deadline = generation, step_id, deadline
+
+    def result(self) -> dict[str, list[int]]:
+        """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time."""
+        try:
+            return self.client._finish(self)  # noqa: SLF001 - the client's own helper
+        except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
+            logger.exception("drafter client failed a step; decoding without drafts")
+            self.client.num_fallbacks += 1
+            return {}
+
+
 class DrafterClient:
     """Proposer (verifier_service/engine/proposer.py) backed by a remote drafter."""
 
@@ -123,31 +145,42 @@ class DrafterClient:
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
         """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time."""
-        try:
-            return self._propose(requests, time.monotonic() + self.timeout_s)
-        except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
-            logger.exception("drafter client failed a step; decoding without drafts")
-            self.num_fallbacks += 1
-            return {}
+        return self.begin_propose(requests).result()
 
-    def _propose(self, requests: Sequence[DraftRequest], deadline: float) -> dict[str, list[int]]:
-        if not requests:
-            return {}
+    def begin_propose(self, requests: Sequence[DraftRequest]) -> _PendingStep:
+        """Sends the step now; the returned proposal's result() waits for its reply (never raises)."""
+        try:
+            return self._begin(list(requests))
+        except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
+            logger.exception("drafter client failed to send a step; decoding without drafts")
+            return _PendingStep(self, [], fallback=True)
+
+    def _begin(self, requests: list[DraftRequest]) -> _PendingStep:
         wanted = any(r.num_draft_tokens > 0 for r in requests)
+        if not requests:
+            return _PendingStep(self, [])
         stream = self._current_stream()
         # Late replies first: their resync answers change this step's deltas.
         if stream is None or not self._drain_replies(stream.generation):
-            self.num_fallbacks += wanted
-            return {}
+            return _PendingStep(self, [], fallback=wanted)
         self._step_id += 1
         stream.outbox.put(self._step(self._step_id, requests))
         if not wanted:
+            return _PendingStep(self, [])
+        return _PendingStep(self, requests, generation=stream.generation, step_id=self._step_id,
+                            deadline=time.monotonic() + self.timeout_s)
+
+    def _finish(self, pending: _PendingStep) -> dict[str, list[int]]:
+        if pending.fallback:
+            self.num_fallbacks += 1
             return {}
-        reply = self._await_reply(stream.generation, self._step_id, deadline)
+        if not pending.requests:
+            return {}
+        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline)
         if reply is None:
             self.num_fallbacks += 1
             return {}
-        return _drafts_from_pb(requests, reply)
+        return _drafts_from_pb(pending.requests, reply)
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Tell the drafter to forget finished or aborted requests (sent right away)."""

@@ -21,6 +21,7 @@ host-to-device copy (plus, for steps continuing one still in flight, the small o
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
 from verifier_service.engine.greedy_verdict import greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
+
+
+logger = logging.getLogger(__name__)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -64,9 +68,11 @@ class GraphedSteps:
     """Captured forwards of `model` for decode / verify steps (see the module docstring)."""
 
     def __init__(self, model, block_size: int, scratch_block: int, max_batch: int, widths: list[int],
-                 max_model_len: int, device: torch.device, max_verify_batch: int | None = None):
+                 max_model_len: int, device: torch.device, max_verify_batch: int | None = None,
+                 compile_step: bool = False):
         """max_verify_batch: the largest batch that may score drafts (wider steps are captured only up to
-        the bucket that holds it: larger steps never draft, draft_policy.py); None = max_batch."""
+        the bucket that holds it: larger steps never draft, draft_policy.py); None = max_batch.
+        compile_step: fuse the graph's own small steps (positions, greedy verdict) with torch.compile."""
         self.model, self.block_size, self.scratch_block = model, block_size, scratch_block
         self.device, self.widths = device, sorted(set(widths))
         self.buckets = batch_buckets(max_batch)
@@ -81,6 +87,11 @@ class GraphedSteps:
                                      num_rows=self.max_batch * self.max_width))
         self._inputs = torch.zeros(max_size, dtype=torch.int64, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, GraphStep]] = {}
+        # A step's own ops are ~25 tiny kernels eagerly (positions, slots, the verdict); fused, a few.
+        self._positions, self._verdict = step_positions, greedy_verdict
+        if compile_step:
+            self._positions = torch.compile(step_positions, dynamic=True, fullgraph=True)
+            self._verdict = torch.compile(greedy_verdict, dynamic=True, fullgraph=True)
 
     def _sections(self, bucket: int, width: int, num_rows: int = 0) -> list[torch.Tensor]:
         """ids, starts, counts, advances, block tables, logit rows: views of the static input buffer."""
@@ -101,7 +112,7 @@ class GraphedSteps:
                 self._fill_padding(batch, width)
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):  # warm-up run off the capture, as PyTorch advises
-                    self._forward(batch, width)
+                    self._warm_up(batch, width)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
@@ -109,14 +120,26 @@ class GraphedSteps:
                 self._graphs[(batch, width)] = (graph, outputs)
         torch.cuda.synchronize(self.device)
 
+    def _warm_up(self, batch: int, width: int) -> None:
+        """One forward outside the capture (it compiles what is compiled); the step's own ops run eagerly if
+        their compiled form fails to build (slower, same result)."""
+        try:
+            self._forward(batch, width)
+        except Exception:  # noqa: BLE001 - an optimisation must not stop the verifier from starting
+            if self._positions is step_positions:
+                raise
+            logger.exception("compiling the graph step's own ops failed; they run as plain kernels")
+            self._positions, self._verdict = step_positions, greedy_verdict
+            self._forward(batch, width)
+
     def _forward(self, batch: int, width: int) -> GraphStep:
         ids, starts, counts, advances, tables, _ = self._sections(batch, width)
         tables = tables.view(batch, self.max_blocks)
-        positions, slots, context_lens = step_positions(starts, advances, counts, tables, self.geometry, width)
+        positions, slots, context_lens = self._positions(starts, advances, counts, tables, self.geometry, width)
         with attention_context(self._metadata(batch, width, slots, context_lens, tables)):
             hidden = self.model(ids, positions)
         logits = self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
-        return GraphStep(logits, *greedy_verdict(logits, ids.view(batch, width), counts))
+        return GraphStep(logits, *self._verdict(logits, ids.view(batch, width), counts))
 
     def _metadata(self, batch: int, width: int, slots: torch.Tensor, context_lens: torch.Tensor,
                   tables: torch.Tensor) -> AttentionMetadata:

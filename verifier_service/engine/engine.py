@@ -8,9 +8,10 @@ and their result is copied back only at the end of the step; in between, the nex
 launched already, continuing each request from this step's result on the device: its last emitted token
 and, where it scored drafts, how many were accepted, which shifts the next step's positions
 (scheduler.schedule_ahead, previous_tokens.py). The next step's drafts are guessed from a proposal on the
-context known so far, long enough to cover what this step may emit (draft_lookahead.py), so the drafter's
-round trip, the host's scheduling, packing and launching all overlap the device's work instead of leaving
-it idle. Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
+context known so far, long enough to cover what this step may emit (draft_lookahead.py): it is sent the
+moment this step's tokens are known (end of update), and its answer collected when the next step is
+launched, so the drafter's round trip, the host's scheduling, packing and launching all overlap the
+device's work instead of leaving it idle. Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
 request that a stop token ends has one more step computed and dropped.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.draft_lookahead import drafts_after
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
-from verifier_service.engine.proposer import DraftRequest, Proposer
+from verifier_service.engine.proposer import DraftRequest, PendingProposal, Proposer, begin
 from verifier_service.engine.rejection_sampler import PendingVerification, VerifiedTokens, verify_async
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
@@ -80,6 +81,8 @@ class Engine:
         auto = self.device.type == "cuda"  # a CPU forward is synchronous: nothing to overlap
         self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
+        # The proposal for the step to launch behind self._in_flight, asked at the end of the last update.
+        self._next_proposal: tuple[LaunchedStep, PendingProposal] | None = None
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -133,13 +136,16 @@ class Engine:
                 self.step_stats.current.scheduled_ahead = self._in_flight is not None
             return self._update(launched, self._collect(launched))
         except BaseException:
-            self._in_flight = None  # the loop fails (aborts) every live request after a failed step
+            self._in_flight = self._next_proposal = None  # the loop fails (aborts) every live request
             raise
 
     def _launch_ahead(self, previous: LaunchedStep) -> LaunchedStep | None:
         """Schedules and launches the next step, continuing from previous's result on the device."""
-        proposals = self._propose_ahead(previous.batch)
+        pending = self._take_proposal(previous)
+        if pending is None:  # none asked yet (previous was launched synchronously): ask now
+            pending = self._ask_ahead(previous)
         batch, requests = self._schedule(previous.batch)
+        proposals = self._proposals(pending)
         if not batch:
             return None
         in_flight = {scheduled.request_id: scheduled for scheduled in previous.batch.requests}
@@ -193,28 +199,42 @@ class Engine:
         policy = self.scheduler.draft_policy
         return policy.num_skipped if policy is not None else 0
 
-    @timed_stage("propose")
     def _propose(self, batch: ScheduledBatch) -> None:
         with self._lock:
             wanted = self.scheduler.draft_requests(batch) if self.proposer is not None else []
-        drafts = self._proposals(wanted)
+        drafts = self._proposals(self._ask(wanted)) if wanted else {}
         with self._lock:
             self.scheduler.add_drafts(batch, drafts)
 
-    @timed_stage("propose")
-    def _propose_ahead(self, in_flight: ScheduledBatch) -> dict[str, list[int]]:
-        """Proposals on the contexts known now, covering what in_flight emits and the next step's drafts."""
+    def _ask_ahead(self, in_flight: LaunchedStep) -> PendingProposal | None:
+        """Asks for proposals on the contexts known now, covering what in_flight emits and the drafts of the
+        step after it (Scheduler.lookahead_requests); None without a proposer or anything to ask."""
         if self.proposer is None:
-            return {}
+            return None
         with self._lock:
-            wanted = self.scheduler.lookahead_requests(in_flight)
-        return self._proposals(wanted)
+            wanted = self.scheduler.lookahead_requests(in_flight.batch)
+        return self._ask(wanted) if wanted else None
 
-    def _proposals(self, wanted: list[DraftRequest]) -> dict[str, list[int]]:
-        if not wanted:
+    def _take_proposal(self, in_flight: LaunchedStep) -> PendingProposal | None:
+        """The proposal asked at the end of the last update for the step after in_flight, if any."""
+        asked, self._next_proposal = self._next_proposal, None
+        return asked[1] if asked is not None and asked[0] is in_flight else None
+
+    def _ask(self, wanted: list[DraftRequest]) -> PendingProposal | None:
+        try:
+            return begin(self.proposer, wanted)
+        except Exception:  # noqa: BLE001 - a broken proposer costs speed, never a request
+            logger.exception("proposer failed; decoding this step without drafts")
+            self.step_stats.current.num_proposer_failures += 1
+            return None
+
+    @timed_stage("propose")
+    def _proposals(self, pending: PendingProposal | None) -> dict[str, list[int]]:
+        """Waits for a proposal's drafts (the propose stage: time the step waited for the proposer)."""
+        if pending is None:
             return {}
         try:
-            return self.proposer.propose(wanted)
+            return pending.result()
         except Exception:  # noqa: BLE001 - a broken proposer costs speed, never a request
             logger.exception("proposer failed; decoding this step without drafts")
             self.step_stats.current.num_proposer_failures += 1
@@ -268,6 +288,8 @@ class Engine:
             self._record(batch, verified, outputs)
         if released and self.proposer is not None:
             self.proposer.release(released)
+        if self._in_flight is not None:  # the next step's proposal, asked now that the contexts are known
+            self._next_proposal = (self._in_flight, self._ask_ahead(self._in_flight))
         self.step_stats.end()
         return outputs
 

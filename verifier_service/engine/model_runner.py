@@ -98,7 +98,7 @@ class ModelRunner:
         self.num_blocks -= 1  # the block manager never hands out the scratch block
         self.static_token_counts.update(widths)  # batch-1 steps of each width: autotuned compiled regions
         self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
-                                   self.max_model_len, self.device, max_verify_batch)
+                                   self.max_model_len, self.device, max_verify_batch, compile_step=self.compiled)
         self.graphs.capture()
         return True
 
