@@ -202,7 +202,7 @@ class Engine:
     def _propose(self, batch: ScheduledBatch) -> None:
         with self._lock:
             wanted = self.scheduler.draft_requests(batch) if self.proposer is not None else []
-        drafts = self._proposals(self._ask(wanted)) if wanted else {}
+        drafts = self._proposals(self._ask(wanted) if wanted else None)  # every step times its propose stage
         with self._lock:
             self.scheduler.add_drafts(batch, drafts)
 
