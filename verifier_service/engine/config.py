@@ -31,6 +31,8 @@ class EngineConfig:
     max_draft_batch_size: see adaptive_drafting (0 = no limit).
     async_scheduling: schedule and launch the next step while the device runs this one (engine.py); None =
         on CUDA only (on the CPU the forward runs synchronously, so overlapping gains nothing).
+    tensor_parallel_size: processes (one GPU each on CUDA) the model is sharded over (verifier_service/parallel/).
+    random_weights: draw the weights at random instead of reading them (benchmarks; only config.json is read).
     """
 
     model: str = "default"
@@ -52,6 +54,8 @@ class EngineConfig:
     adaptive_drafting: bool = True
     max_draft_batch_size: int = 32
     async_scheduling: bool | None = None
+    tensor_parallel_size: int = 1
+    random_weights: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -70,6 +74,7 @@ class EngineConfig:
              f"must be in [num_speculative_tokens, {MAX_SPECULATIVE_TOKENS}]"),
             (self.max_draft_batch_size >= 0, "max_draft_batch_size", "must be >= 0 (0 = no limit)"),
             (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
+            (self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1"),
         ]
         for ok, name, message in checks:
             if not ok:

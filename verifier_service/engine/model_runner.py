@@ -23,6 +23,8 @@ from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
 from verifier_service.model.loader import load_model
+from verifier_service.parallel.collectives import min_over_ranks
+from verifier_service.parallel.shard import RankShard
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
@@ -53,12 +55,16 @@ class ModelRunner:
     of `gpu_memory_utilization` of the card once the model is loaded. With `compile_model`, on CUDA only,
     the decoder layers' attention-free regions run as torch.compile'd kernels (model/compile.py); on the
     CPU the linear layers run through oneDNN with prepacked weights (model/cpu_linear.py).
+
+    With `shard` (a tensor-parallel rank, verifier_service/parallel/) the runner holds that rank's part of
+    the model and a KV cache of its KV heads, with as many blocks as every other rank; each rank's runner
+    executes the same batches (rank 0's ParallelRunner sends them). `random_weights`: see model/loader.py.
     """
 
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", block_size: int = 16, kv_cache_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                 compile_model: bool = True):
+                 compile_model: bool = True, shard: RankShard | None = None, random_weights: bool = False):
         if block_size < 1:
             raise ValueError(f"block_size: {block_size} must be positive")
         self.device = resolve_device(device)
@@ -67,14 +73,18 @@ class ModelRunner:
         self.max_model_len = max_model_len or config.max_position_embeddings
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len: {self.max_model_len} must be positive")
-        self.model = load_model(model_path, self.device, self.dtype, max_position=self.max_model_len)
+        self.model = load_model(model_path, self.device, self.dtype, max_position=self.max_model_len, shard=shard,
+                                random_weights=random_weights)
         self.config, self.vocab_size, self.block_size = config, config.vocab_size, block_size
-        block_bytes = bytes_per_block(config, block_size, self.dtype)
+        local_config = self.model.config  # a tensor-parallel rank's own heads; the whole model's otherwise
+        block_bytes = bytes_per_block(local_config, block_size, self.dtype)
         if kv_cache_bytes is None and self.device.type == "cuda":
             num_blocks = num_blocks_for_gpu(self.device, gpu_memory_utilization, block_bytes)
         else:  # an explicit byte budget wins on any device
             num_blocks = num_blocks_for_budget(kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES, block_bytes)
-        self.kv_cache = KVCache.allocate(config, num_blocks, block_size, self.dtype, self.device)
+        if shard is not None:  # block ids are shared by every rank: each must hold all of them
+            num_blocks = min_over_ranks(num_blocks, self.device)
+        self.kv_cache = KVCache.allocate(local_config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
@@ -170,6 +180,13 @@ class ModelRunner:
             self.execute(ScheduledBatch([drafts]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def check(self, batch: ScheduledBatch) -> None:
+        """Raises ValueError naming the field for a batch `execute` would refuse (what it checks first)."""
+        if not batch:
+            raise ValueError("batch: no requests scheduled")
+        for request in batch.requests:
+            self._check(request)
 
     def _check(self, request: ScheduledRequest) -> None:
         """Bad scheduling surfaces as a clear error naming the field, not as a wrong answer."""

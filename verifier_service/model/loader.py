@@ -5,19 +5,26 @@ Name mapping from the checkpoint to our parameters: everything keeps its Hugging
   mlp.{gate,up}_proj.{weight,bias}      -> rows [gate | up] of mlp.gate_up_proj
 and `lm_head.weight` is the embedding matrix when the config ties them or the checkpoint has no LM head.
 The model is built on the meta device and materialised once in the target dtype and device, so
-loading never holds a second copy of the weights.
+loading never holds a second copy of the weights. A tensor-parallel rank (`shard`) builds its part of
+the model (parallel/model.py) and reads only its rows or columns of each tensor (safetensors slices).
+`random_weights` skips the checkpoint's weights (only config.json is read): benchmarks of shapes too big
+to write to disk draw each rank's shard on its own device instead.
 """
 from __future__ import annotations
 
 import json
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from verifier_service.model.config import ModelConfig, load_model_config
 from verifier_service.model.decoder import CausalLM
+
+if TYPE_CHECKING:
+    from verifier_service.parallel.shard import RankShard
 
 _FUSED = {  # checkpoint projection -> (our fused projection, index of its part)
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -56,8 +63,9 @@ def _target(name: str, config: ModelConfig) -> tuple[str, int | None, int]:
     return f"{parent}.{fused}.{kind}", sum(sizes[:part]), len(sizes)
 
 
-def load_weights(model: CausalLM, model_dir: Path) -> None:
-    """Copies every checkpoint tensor into its (possibly fused) parameter; fails on missing weights."""
+def load_weights(model: CausalLM, model_dir: Path, shard: RankShard | None = None) -> None:
+    """Copies every checkpoint tensor (the shard's slice of it) into its (possibly fused) parameter;
+    fails on missing weights."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.config.tie_word_embeddings
     loaded, expected = Counter(), {}
@@ -69,9 +77,11 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
                 target, offset, parts = _target(name, model.config)
                 if target not in params:
                     raise ValueError(f"model: checkpoint weight {name!r} has no place in our {model.config.model_type}")
-                tensor = f.get_tensor(name)
+                tensor = f.get_tensor(name) if shard is None else _read_slice(f, name, shard)
                 param = params[target].data
                 rows = param if offset is None else param.narrow(0, offset, tensor.shape[0])
+                if shard is not None and offset is None and tensor.shape[0] < param.shape[0]:
+                    rows = param.zero_().narrow(0, 0, tensor.shape[0])  # the last rank's vocabulary padding
                 rows.copy_(tensor)
                 loaded[target] += 1
                 expected[target] = parts
@@ -83,18 +93,53 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
         raise ValueError(f"model: checkpoint in {model_dir} lacks weights for {missing[:5]}")
 
 
+def _read_slice(f, name: str, shard: RankShard) -> torch.Tensor:
+    """The rows or columns of checkpoint tensor `name` that the shard holds, read without the rest."""
+    part = shard.checkpoint_slice(name)
+    if part is None:
+        return f.get_tensor(name)
+    dim, start, stop = part
+    view = f.get_slice(name)
+    return view[start:stop] if dim == 0 else view[:, start:stop]
+
+
+def _build(config: ModelConfig, max_position: int | None, shard: RankShard | None) -> CausalLM:
+    if shard is None:
+        return CausalLM(config, max_position)
+    from verifier_service.parallel.model import ParallelCausalLM
+
+    return ParallelCausalLM(config, shard, max_position)
+
+
+@torch.no_grad()
+def initialise_random(model: CausalLM, seed: int) -> None:
+    """Weights of the right shapes for timing runs: N(0, 0.02) matrices (activations stay finite through
+    many layers) and ones for norms and biases, as bench/make_random_model.py writes them."""
+    generator = torch.Generator(model.lm_head.weight.device).manual_seed(seed)
+    for param in model.parameters():
+        if param.dim() > 1:
+            param.normal_(0.0, 0.02, generator=generator)
+        else:
+            param.fill_(1.0)
+
+
 def load_model(model_dir: str | Path, device: torch.device | str, dtype: torch.dtype,
-               max_position: int | None = None) -> CausalLM:
-    """Reads config and weights of `model_dir` into a CausalLM on `device` in `dtype`, ready for inference."""
+               max_position: int | None = None, shard: RankShard | None = None,
+               random_weights: bool = False) -> CausalLM:
+    """Reads config and weights of `model_dir` into a CausalLM on `device` in `dtype`, ready for inference
+    (with `shard`, this rank's part of it; with `random_weights`, random weights of its shapes)."""
     model_dir, device = Path(model_dir), torch.device(device)
     config = load_model_config(model_dir)
     with torch.device("meta"):
-        model = CausalLM(config, max_position).to(dtype)
+        model = _build(config, max_position, shard).to(dtype)
     if config.tie_word_embeddings:
         model.tie_embeddings()  # before materialising, so the LM head takes no memory of its own
     model.to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_embeddings()  # to_empty gives each module fresh tensors, which unties them
     model.model.rotary.rebuild(device)
-    load_weights(model, model_dir)
+    if random_weights:
+        initialise_random(model, seed=shard.rank if shard is not None else 0)
+    else:
+        load_weights(model, model_dir, shard)
     return model.eval().requires_grad_(False)

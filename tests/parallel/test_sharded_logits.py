@@ -1,0 +1,54 @@
+"""Two CPU ranks over gloo give the logits of one process (float32), for every model family."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_model.checkpoints import TINY_CHECKPOINTS, prefill_request, random_block_tables, save_tiny_checkpoint
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.engine import build_model_runner
+
+BLOCK_SIZE = 4
+TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_CHECKPOINTS))
+def checkpoint(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    save_tiny_checkpoint(request.param, folder)
+    return folder
+
+
+def runner_for(checkpoint, tensor_parallel_size: int):
+    config = EngineConfig(model=str(checkpoint), device="cpu", dtype="float32", block_size=BLOCK_SIZE,
+                          kv_cache_bytes=1 << 20, tensor_parallel_size=tensor_parallel_size)
+    return build_model_runner(config)
+
+
+def steps(num_blocks: int):
+    """A prefill of three prompts (shuffled blocks), then a verify step with drafts and a plain decode step."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 128, (n,), generator=generator).tolist() for n in (23, 7, 40)]
+    tables = random_block_tables(num_blocks, [len(p) + 8 for p in prompts], BLOCK_SIZE, seed=2)
+    yield ScheduledBatch([prefill_request(f"r{i}", p, t) for i, (p, t) in enumerate(zip(prompts, tables))])
+    yield ScheduledBatch([ScheduledRequest(f"r{i}", [5, 6, 7, 8][:1 + i], len(p), t, i, 1 + i)
+                          for i, (p, t) in enumerate(zip(prompts, tables))])
+    yield ScheduledBatch([ScheduledRequest(f"r{i}", [9], len(p) + 1 + i, t, 0, 1)
+                          for i, (p, t) in enumerate(zip(prompts, tables))])
+
+
+def test_two_ranks_give_the_logits_of_one(checkpoint):
+    single = runner_for(checkpoint, 1)
+    expected = [single.execute(batch) for batch in steps(single.num_blocks)]
+    sharded = runner_for(checkpoint, 2)
+    try:
+        attention = sharded.model.model.layers[0].self_attn  # rank 0's half of the heads (KV heads replicated
+        assert attention.num_heads == single.config.num_heads // 2  # where the model has fewer than two)
+        assert attention.num_kv_heads == max(1, single.config.num_kv_heads // 2)
+        got = [sharded.execute(batch) for batch in steps(sharded.num_blocks)]
+    finally:
+        sharded.close()
+    for step_got, step_expected in zip(got, expected):
+        assert step_got.shape == step_expected.shape
+        torch.testing.assert_close(step_got, step_expected, **TOLERANCE)

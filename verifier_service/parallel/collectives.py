@@ -1,0 +1,42 @@
+"""The collectives inside a sharded forward, on the default process group (the tensor-parallel ranks).
+
+`all_reduce_` is registered as a custom op so that torch.compile keeps it as one opaque call inside the
+compiled layer regions (model/compile.py) instead of tracing into torch.distributed; at run time, and
+while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it into the graph like any
+kernel, as nano-vllm's and vLLM's captured decode steps do).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# torch 2.13 renamed all_gather_into_tensor (same arguments); the GPU image's torch 2.11 has only the old name.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@torch.library.custom_op("specd::tensor_parallel_all_reduce", mutates_args=("tensor",))
+def all_reduce_(tensor: torch.Tensor) -> None:
+    """Sums `tensor` over the ranks, in place."""
+    dist.all_reduce(tensor)
+
+
+@all_reduce_.register_fake
+def _all_reduce_shape(tensor: torch.Tensor) -> None:
+    return None
+
+
+def gather_vocab(local_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Every rank's vocabulary slice side by side: [n, vocab_per_rank] -> [n, vocab_size] (padding cut off)."""
+    world_size = dist.get_world_size()
+    rows, per_rank = local_logits.shape
+    gathered = local_logits.new_empty(world_size * rows, per_rank)  # rank-major: [rank 0's n rows, rank 1's ...]
+    _all_gather_single(gathered, local_logits.contiguous())
+    by_token = gathered.view(world_size, rows, per_rank).permute(1, 0, 2).reshape(rows, world_size * per_rank)
+    return by_token[:, :vocab_size]
+
+
+def min_over_ranks(value: int, device: torch.device) -> int:
+    """The smallest `value` any rank holds (e.g. KV blocks: every rank must hold the same block ids)."""
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())

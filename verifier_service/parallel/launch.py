@@ -1,0 +1,110 @@
+"""Start-up of a tensor-parallel verifier: checks, one process per rank 1..N-1, the process groups.
+
+Rank 0 (the verifier process) checks that the model splits N ways and that N devices are there before
+any process starts, spawns the other ranks (worker.py), and all of them join two process groups over a
+TCPStore on loopback (all ranks live on one host):
+- the default group, for the forward's collectives and the step feedback: NCCL on CUDA, gloo on the CPU;
+- a gloo group for the step inputs rank 0 sends from its host (step_channel.py), with a timeout long
+  enough for an idle verifier (the other ranks wait in it between requests).
+Then every rank builds its runner the same way (engine.build_model_runner with its shard: load, KV
+cache, compile, CUDA graph capture), in step, because those contain collectives.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from specd.default_model import resolve_model_path
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.model_runner import resolve_device
+from verifier_service.model.config import load_model_config
+from verifier_service.parallel.runner import ParallelRunner
+from verifier_service.parallel.shard import RankShard, plan_shard
+from verifier_service.parallel.step_channel import StepChannel
+from verifier_service.parallel.supervisor import RankSupervisor, hang_timeout_s
+
+logger = logging.getLogger(__name__)
+
+IDLE_TIMEOUT = timedelta(days=365)  # ranks 1..N-1 wait for the next step this long (an idle verifier)
+
+
+def check_devices(device: torch.device, tensor_parallel_size: int) -> None:
+    """One GPU per rank on CUDA; raises ValueError naming the option when there are fewer."""
+    if device.type != "cuda":
+        return
+    visible = torch.cuda.device_count()
+    if tensor_parallel_size > visible:
+        devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError(f"tensor_parallel_size: {tensor_parallel_size} ranks need {tensor_parallel_size} GPUs, "
+                         f"{visible} visible" + (f" (CUDA_VISIBLE_DEVICES={devices})" if devices is not None else ""))
+
+
+def plan_shards(config: EngineConfig) -> list[RankShard]:
+    """Every rank's shard of config's model; raises ValueError naming the field when it cannot be split."""
+    model_config = load_model_config(resolve_model_path(config.model))
+    return [plan_shard(model_config, config.tensor_parallel_size, rank)
+            for rank in range(config.tensor_parallel_size)]
+
+
+def start_tensor_parallel(config: EngineConfig,
+                          on_failure: Callable[[str], None] | None = None) -> ParallelRunner:
+    """Rank 0's runner, ranks 1..N-1 started and loaded; on_failure(reason) when one dies or hangs later."""
+    from verifier_service.parallel.worker import run_worker
+
+    size, device = config.tensor_parallel_size, resolve_device(config.device)
+    check_devices(device, size)
+    shards = plan_shards(config)
+    logger.info("tensor parallel over %d %s ranks: KV heads %s, query heads %s per rank", size, device.type,
+                [s.kv_heads for s in shards], [s.q_heads for s in shards])
+    threads = max(1, torch.get_num_threads() // size) if device.type == "cpu" else torch.get_num_threads()
+    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
+    spawn = multiprocessing.get_context("spawn")
+    workers = [spawn.Process(target=run_worker, args=(config, rank, store.port, threads), name=f"specd-rank-{rank}")
+               for rank in range(1, size)]
+    supervisor = RankSupervisor(workers, hang_timeout_s())
+    if on_failure is not None:
+        supervisor.add_failure_callback(on_failure)
+    for worker in workers:
+        worker.start()
+    atexit.register(supervisor.stop, 0.0)  # never leave ranks behind, whatever ends this process
+    supervisor.start()
+    try:
+        torch.set_num_threads(threads)
+        runner, channel = join_and_build(config, shards[0], store, device)
+    except BaseException:
+        supervisor.stop(timeout_s=0.0)
+        leave_process_groups()
+        raise
+    return ParallelRunner(runner, channel, supervisor)
+
+
+def join_and_build(config: EngineConfig, shard: RankShard, store: dist.Store, device: torch.device):
+    """Every rank's start-up after its process exists: process groups, then its runner and channel."""
+    from verifier_service.engine.engine import build_model_runner
+
+    host_group = join_process_groups(shard.rank, shard.world_size, store, device)
+    runner = build_model_runner(config, shard=shard)
+    return runner, StepChannel(host_group, runner.device)
+
+
+def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.device) -> dist.ProcessGroup:
+    """Joins the default group (NCCL on CUDA, gloo on the CPU) and returns the gloo group for step inputs."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
+    if device.type == "cuda":
+        torch.cuda.set_device(rank)  # rank r drives GPU r; "cuda" means it from here on
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+
+
+def leave_process_groups() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,45 @@
+"""The two module kinds a sharded model needs beyond plain nn.Linear (column-parallel layers are plain
+nn.Linear with fewer output rows): a row-parallel linear and a vocab-parallel embedding."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verifier_service.parallel.collectives import all_reduce_
+
+
+class RowParallelLinear(nn.Linear):
+    """y = sum over ranks (x_r W_r^T) + b: this rank holds the input columns W_r of its heads / MLP slice.
+
+    The bias is the whole bias on every rank, added after the all-reduce (so it counts once). A subclass
+    of nn.Linear so that parameter names and shapes load as the checkpoint's; the CPU's oneDNN prepacking
+    (model/cpu_linear.py), which replaces plain nn.Linear only, leaves it alone.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, in_features / N] -> [num_tokens, out_features], the same on every rank."""
+        out = F.linear(x, self.weight)
+        all_reduce_(out)
+        return out if self.bias is None else out + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [vocab_start, vocab_start + num_embeddings) of the embedding matrix; other ids give zeros
+    here and their row on the rank that holds it, and the all-reduce adds them up."""
+
+    def __init__(self, vocab_start: int, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.vocab_start, self.num_embeddings = vocab_start, num_embeddings
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [num_tokens] -> [num_tokens, embedding_dim]."""
+        local_ids = input_ids - self.vocab_start
+        here = (local_ids >= 0) & (local_ids < self.num_embeddings)
+        rows = F.embedding(local_ids.masked_fill(~here, 0), self.weight).masked_fill(~here.unsqueeze(-1), 0)
+        all_reduce_(rows)
+        return rows
+
+    def extra_repr(self) -> str:
+        return f"vocab_start={self.vocab_start}, num_embeddings={self.num_embeddings}"

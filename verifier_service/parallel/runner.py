@@ -1,0 +1,75 @@
+"""Rank 0's runner under tensor parallelism: what the engine calls instead of a ModelRunner.
+
+`execute(batch)` sends the batch to the other ranks (one StepChannel publish) and runs rank 0's own
+shard of the forward; the other ranks run the same forward on the same batch (worker.py), and the
+forward's collectives tie them together. The logits come back whole on rank 0 (the LM head gathers
+the vocabulary), so the engine's sampling and verification are the single-GPU code, on rank 0 only.
+
+A batch is checked before it is sent, so a bad one fails on rank 0 alone, as it would without
+parallelism; any failure after that leaves the ranks out of step, so it is fatal (supervisor.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.model_runner import ModelRunner
+from verifier_service.parallel.batch_codec import encode_batch
+from verifier_service.parallel.step_channel import StepChannel
+from verifier_service.parallel.supervisor import RankSupervisor
+
+# Start-up calls that each rank makes for itself (launch.py); on rank 0 alone they would leave the others behind.
+_EVERY_RANK_ALONE = ("capture_cuda_graphs", "warm_up")
+
+
+class RankFailure(RuntimeError):
+    """A tensor-parallel rank died or hung: the sharded model cannot run any more."""
+
+
+class ParallelRunner:
+    """Rank 0's ModelRunner (`local`) plus the channel to, and the watch over, ranks 1..N-1.
+
+    Reads of anything else (num_blocks, vocab_size, device, graphs, model, ...) are the local runner's:
+    rank 0's shard, with the same block count, vocabulary and limits as every rank.
+    """
+
+    def __init__(self, local: ModelRunner, channel: StepChannel, supervisor: RankSupervisor) -> None:
+        self.local, self.channel, self.supervisor = local, channel, supervisor
+        self.tensor_parallel_size = len(supervisor.workers) + 1
+
+    def __getattr__(self, name: str):  # only called for names the instance itself lacks
+        if name == "local":  # not set yet
+            raise AttributeError(name)
+        if name in _EVERY_RANK_ALONE:
+            raise AttributeError(f"{name}: every rank runs it for itself at start-up (parallel/launch.py)")
+        return getattr(self.local, name)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+        """float32 logits [batch.num_logits, vocab_size], as ModelRunner.execute returns them."""
+        if self.supervisor.failure is not None:
+            raise RankFailure(f"tensor parallelism failed: {self.supervisor.failure}")
+        self.local.check(batch)
+        self.supervisor.progress.begin()
+        try:
+            self.channel.publish(*encode_batch(batch))
+            logits = self.local.execute(batch)
+        except Exception as error:
+            self.supervisor.fail(f"rank 0's step failed: {type(error).__name__}: {error}")
+            raise
+        self.supervisor.progress.launched(self.local.device)
+        return logits
+
+    def add_failure_callback(self, callback) -> None:
+        """callback(reason) once a rank dies or hangs (the verifier leaves the service: server.py)."""
+        self.supervisor.add_failure_callback(callback)
+
+    def close(self) -> None:
+        """Stops the other ranks and leaves the process group (a clean shutdown)."""
+        import torch.distributed as dist
+
+        if self.supervisor.failure is None:
+            self.channel.stop()
+        self.supervisor.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,59 @@
+"""Ranks 1..N-1 of a tensor-parallel verifier: a process that runs whatever forward rank 0 runs.
+
+Its whole life: join the process groups, build its shard's runner (the same start-up as rank 0's, in
+step with it: launch.py), then receive each step's batch and execute it, until rank 0 says stop. It never
+schedules, samples or talks gRPC. It exits non-zero on any error (rank 0's watch sees the exit and takes
+the verifier out) and as soon as rank 0's process ends, so no rank outlives the verifier.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.model_runner import resolve_device
+from verifier_service.parallel.batch_codec import decode_batch
+from verifier_service.parallel.launch import join_and_build, leave_process_groups, plan_shards
+
+logger = logging.getLogger(__name__)
+
+
+def run_worker(config: EngineConfig, rank: int, store_port: int, num_threads: int) -> None:
+    """The process target of rank `rank` (spawned by launch.start_tensor_parallel)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s verifier rank {rank} %(levelname)s %(name)s: %(message)s")
+    _exit_with_rank_0()
+    torch.set_num_threads(num_threads)
+    try:
+        _serve(config, rank, store_port)
+    except BaseException:  # noqa: BLE001 - any error leaves the ranks out of step: exit, and rank 0 follows
+        logger.exception("rank %d failed", rank)
+        os._exit(1)
+
+
+def _serve(config: EngineConfig, rank: int, store_port: int) -> None:
+    size = config.tensor_parallel_size
+    store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False)
+    runner, channel = join_and_build(config, plan_shards(config)[rank], store, resolve_device(config.device))
+    logger.info("rank %d of %d ready", rank, size)
+    with torch.inference_mode():
+        while (step := channel.receive()) is not None:
+            runner.execute(decode_batch(step.host, step.feedback))
+    leave_process_groups()
+
+
+def _exit_with_rank_0() -> None:
+    """A thread that ends this process when rank 0's does (killed, crashed, or exited after a failure)."""
+    parent = multiprocessing.parent_process()
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        logger.error("rank 0 exited: stopping")
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rank-0-watch", daemon=True).start()
