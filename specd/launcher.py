@@ -46,7 +46,8 @@ def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) ->
     for replica in range(num_verifiers):
         port = VERIFIER_PORTS[0] + port_offset + replica
         argv = _argv("verifier", options, port, VERIFIER_PORTS[1] + port_offset + replica)
-        argv += ["--drafter-addr", f"{loopback}:{drafter_port}"]
+        argv += ["--drafter-addr", f"{loopback}:{drafter_port}",
+                 "--tensor-parallel-size", str(options.tensor_parallel_size)]
         services.append(ServiceProcess(f"verifier-{replica}" if num_verifiers > 1 else "verifier", argv, port))
         verifier_addrs += ["--verifier-addr", f"{loopback}:{port}"]
     gateway_port = GATEWAY_PORTS[0] + port_offset

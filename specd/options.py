@@ -47,6 +47,7 @@ class ServiceOptions:
     log_requests: bool = False  # gateway: log prompts and outputs (off: they never reach the logs)
     inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
     async_scheduling: str = "auto"  # verifier: launch the next step before this one's tokens reach the host
+    tensor_parallel_size: int = 1  # verifier: processes (one GPU each) the model is sharded over
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -72,6 +73,8 @@ class ServiceOptions:
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ValueError(f"async_scheduling: must be one of {', '.join(ASYNC_SCHEDULING)}, "
                              f"got {self.async_scheduling!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
 
     @property
     def verifier_addresses(self) -> tuple[str, ...]:
@@ -143,6 +146,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        default=_env("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "
                             "with or without drafts (auto = on CUDA only; output is the same either way)")
+    group.add_argument("--tensor-parallel-size", type=int,
+                       default=int(_env("tensor_parallel_size", defaults.tensor_parallel_size)),
+                       help="verifier: shard the model over this many GPUs of the host, one process each "
+                            "(on the CPU: processes)")
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -160,5 +167,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,
         kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
         log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
     )

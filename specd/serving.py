@@ -285,6 +285,10 @@ class GrpcServer:
         """Report SERVING: call once the service can answer (model loaded and warmed up)."""
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
+    async def mark_not_serving(self) -> None:
+        """Report NOT_SERVING while still answering (a verifier whose model can no longer run)."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
     async def stop(self, grace: float | None = None) -> None:
         """Drain: health NOT_SERVING, refuse new calls, let in-flight ones finish within `grace`."""
         if self._server is None:

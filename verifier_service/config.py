@@ -42,6 +42,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         num_speculative_tokens=options.num_speculative_tokens, max_speculative_tokens=options.max_speculative_tokens,
         max_model_len=options.max_model_len,
         async_scheduling={"auto": None, "on": True, "off": False}[options.async_scheduling],
+        tensor_parallel_size=options.tensor_parallel_size,
         **_cache_layout(device, options.kv_cache_bytes),
     )
     # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.

@@ -2,12 +2,16 @@
 
 The gRPC port opens first (health NOT_SERVING, Generate UNAVAILABLE) so that orchestrators see a
 live process while the model loads; SERVING is reported only after a warm-up generation has run.
+With --tensor-parallel-size N this process is rank 0 of N (verifier_service/parallel/): a rank that dies
+or hangs turns health NOT_SERVING and ends the process non-zero, as a dead replica.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
+import os
 import time
 
 from prometheus_client import CollectorRegistry
@@ -17,7 +21,7 @@ from specd.serving import GrpcServer
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.convert import ModelLimits
-from verifier_service.engine.engine import Engine
+from verifier_service.engine.engine import Engine, build_model_runner
 from verifier_service.engine.sampling_params import SamplingParams
 from verifier_service.engine_loop import EngineLoop
 from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
@@ -25,6 +29,8 @@ from verifier_service.service import VerifierServicer
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
+RANK_FAILURE_EXIT_CODE = 3
+RANK_FAILURE_EXIT_DELAY_S = 1.0  # NOT_SERVING shows this long before the process ends
 
 
 def serve(config: VerifierConfig) -> None:
@@ -38,7 +44,12 @@ async def serve_async(config: VerifierConfig) -> None:
     server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
                         register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s))
     await server.start()
-    engine_loop, drafter = await asyncio.to_thread(_load_and_warm_up, config, registry)
+    leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
+    try:
+        engine_loop, drafter = await asyncio.to_thread(_load_and_warm_up, config, registry, leave)
+    except BaseException:  # e.g. a model that cannot be split: close the port before the error ends the process
+        await server.stop(grace=0)
+        raise
     engine_loop.start()
     servicer.attach(engine_loop, model_limits(engine_loop.engine))
     await server.mark_ready()
@@ -49,18 +60,35 @@ async def serve_async(config: VerifierConfig) -> None:
         engine_loop.stop()
         if drafter is not None:
             drafter.close()
+        engine_loop.engine.runner.close()
 
 
-def _load_and_warm_up(config: VerifierConfig, registry: CollectorRegistry):
+def _load_and_warm_up(config: VerifierConfig, registry: CollectorRegistry, on_rank_failure):
     """Builds the engine with its drafter client and runs one short generation (runs off the event loop)."""
     started = time.monotonic()
     drafter = _drafter_client(config)
-    engine = Engine(config.engine, drafter)
+    engine = Engine(config.engine, drafter, build_model_runner(config.engine, on_rank_failure=on_rank_failure))
     _warm_up(engine)
     exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine,
                                        read_fallbacks=(lambda: drafter.num_fallbacks) if drafter else (lambda: 0))
     logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
     return EngineLoop(engine, after_step=exporter.export), drafter
+
+
+def _leave_after_rank_failure(server: GrpcServer, loop: asyncio.AbstractEventLoop, reason: str) -> None:
+    """A tensor-parallel rank died or hung (parallel/supervisor.py): this verifier cannot serve any more.
+
+    Health turns NOT_SERVING at once, then the process ends non-zero without draining: the engine thread
+    may wait in a collective for good, and the gateway resumes the streams elsewhere, as after any
+    replica's death. Runs on the thread that noticed the failure.
+    """
+    logger.error("verifier leaves the service: %s", reason)
+    try:
+        asyncio.run_coroutine_threadsafe(server.mark_not_serving(), loop).result(timeout=5.0)
+    except Exception:  # noqa: BLE001 - the loop may be gone; exiting matters more
+        logger.exception("could not report NOT_SERVING")
+    time.sleep(RANK_FAILURE_EXIT_DELAY_S)
+    os._exit(RANK_FAILURE_EXIT_CODE)
 
 
 def _drafter_client(config: VerifierConfig):

@@ -59,10 +59,24 @@ def test_max_speculative_tokens_reaches_the_engine_config(monkeypatch, argv, env
     assert verifier_config_from_options(options).engine.speculative_tokens_limit == expected
 
 
+@pytest.mark.parametrize("argv, env, expected", [([], {}, 1), (["--tensor-parallel-size", "4"], {}, 4),
+                                                  ([], {"SPECD_TENSOR_PARALLEL_SIZE": "2"}, 2)])
+def test_tensor_parallel_size_reaches_the_engine_config(monkeypatch, argv, env, expected):
+    options = parse(["verifier", "--device", "cpu", *argv], monkeypatch, **env)
+    assert verifier_config_from_options(options).engine.tensor_parallel_size == expected
+
+
+def test_up_gives_every_verifier_replica_the_tensor_parallel_size():
+    services = plan_stack(ServiceOptions(tensor_parallel_size=2), num_verifiers=2, port_offset=0)
+    for verifier in (s for s in services if s.name.startswith("verifier")):
+        assert verifier.argv[verifier.argv.index("--tensor-parallel-size") + 1] == "2"
+
+
 @pytest.mark.parametrize("field, kwargs", [("num_speculative_tokens", {"num_speculative_tokens": -1}),
                                            ("max_speculative_tokens", {"max_speculative_tokens": 3}),
                                            ("max_speculative_tokens", {"max_speculative_tokens": 33}),
                                            ("device", {"device": "tpu"}),
+                                           ("tensor_parallel_size", {"tensor_parallel_size": 0}),
                                            ("async_scheduling", {"async_scheduling": "yes"}),
                                            ("tls_cert", {"tls_cert": "c.pem"})])
 def test_bad_values_name_the_option(field, kwargs):

@@ -18,6 +18,7 @@ from support.helm import CHART_DIR, render_chart, run_helm
 KUBERNETES_VERSION = "1.35.0"  # the release of the helm build's client libraries
 GPU_VALUES = CHART_DIR / "ci" / "gpu-values.yaml"
 REPLICAS_VALUES = CHART_DIR / "ci" / "replicas-values.yaml"
+TENSOR_PARALLEL_VALUES = CHART_DIR / "ci" / "tensor-parallel-values.yaml"
 MONITORING_API = ("monitoring.coreos.com/v1",)
 TLS_ON = ("tls.enabled=true", "tls.secretName=specd-tls")
 
@@ -25,6 +26,7 @@ RENDERINGS = {
     "default": {},
     "gpu-node": {"values_files": (GPU_VALUES,)},
     "replicas": {"values_files": (REPLICAS_VALUES,)},
+    "tensor-parallel": {"values_files": (TENSOR_PARALLEL_VALUES,)},
     "tls": {"set_values": TLS_ON + ("apiKey.value=s3cret",)},
     "monitoring": {"api_versions": MONITORING_API},
 }
@@ -58,7 +60,8 @@ def rendered() -> dict[str, str]:
             for name, options in RENDERINGS.items()}
 
 
-@pytest.mark.parametrize("values_files", [(), (GPU_VALUES,), (REPLICAS_VALUES,)], ids=["default", "gpu-node", "replicas"])
+@pytest.mark.parametrize("values_files", [(), (GPU_VALUES,), (REPLICAS_VALUES,), (TENSOR_PARALLEL_VALUES,)],
+                         ids=["default", "gpu-node", "replicas", "tensor-parallel"])
 def test_chart_passes_strict_lint(values_files):
     result = run_helm("lint", "--strict", str(CHART_DIR), *[f"--values={path}" for path in values_files])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -175,6 +178,21 @@ def test_gpu_values_schedule_the_verifier_on_a_gpu_node(rendered):
     assert "initContainers" not in spec, "a mounted checkpoint needs no default-model preparation"
 
 
+def test_tensor_parallel_size_sets_the_ranks_and_the_gpu_request_together(rendered):
+    (verifier,) = pod_spec(objects(rendered["tensor-parallel"]), "verifier")["containers"]
+    assert env_of(verifier)["SPECD_TENSOR_PARALLEL_SIZE"] == "4"
+    assert verifier["resources"]["limits"]["nvidia.com/gpu"] == verifier["resources"]["requests"]["nvidia.com/gpu"] == 4
+    (single,) = pod_spec(objects(rendered["gpu-node"]), "verifier")["containers"]
+    assert env_of(single)["SPECD_TENSOR_PARALLEL_SIZE"] == "1"
+
+
+def test_tensor_parallel_on_the_cpu_requests_no_gpu():
+    docs = objects(render_chart(set_values=("verifier.tensorParallelSize=2", "verifier.gpus=0", "verifier.device=cpu")))
+    (verifier,) = pod_spec(docs, "verifier")["containers"]
+    assert env_of(verifier)["SPECD_TENSOR_PARALLEL_SIZE"] == "2"
+    assert "nvidia.com/gpu" not in verifier["resources"].get("limits", {})
+
+
 def test_default_model_is_prepared_by_an_init_container(rendered):
     docs = objects(rendered["default"])
     (config,) = find(docs, "ConfigMap", "specd-config")
@@ -201,6 +219,8 @@ def test_only_the_gateway_accepts_traffic_from_outside_the_release(rendered):
     ("verifier.device=tpu", "/verifier/device"),
     ("model.dtype=int4", "/model/dtype"),
     ("verifier.gpus=-1", "/verifier/gpus"),
+    ("verifier.tensorParallelSize=0", "/verifier/tensorParallelSize"),
+    ("verifier.tensorParallelSize=4,verifier.gpus=2", "verifier.gpus: 2 GPUs do not match verifier.tensorParallelSize 4"),
     ("replicaCount=2", "replicaCount"),  # a misplaced key is an error, not silently ignored
     ("tls.enabled=true", "/tls/secretName"),
     ("model.volume.type=pvc", "/model/volume/claimName"),

@@ -181,6 +181,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def close(self) -> None:
+        """Nothing to release in one process (a tensor-parallel runner stops its other ranks here)."""
+
     def check(self, batch: ScheduledBatch) -> None:
         """Raises ValueError naming the field for a batch `execute` would refuse (what it checks first)."""
         if not batch:

@@ -113,6 +113,8 @@ class RankSupervisor:
                 return
             if ended:
                 rank = sentinels[ended[0]]
-                self.fail(f"rank {rank} exited with code {self.workers[rank - 1].exitcode}")
+                worker = self.workers[rank - 1]
+                worker.join(timeout=1.0)  # the exit code is read when the process is reaped
+                self.fail(f"rank {rank} exited with code {worker.exitcode}")
             elif self.progress.stalled_s() > self.timeout_s:
                 self.fail(f"a step has not finished on every rank after {self.timeout_s:.0f} s (a rank hangs)")
