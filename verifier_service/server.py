@@ -67,7 +67,8 @@ def _load_and_warm_up(config: VerifierConfig, registry: CollectorRegistry, on_ra
     """Builds the engine with its drafter client and runs one short generation (runs off the event loop)."""
     started = time.monotonic()
     drafter = _drafter_client(config)
-    engine = Engine(config.engine, drafter, build_model_runner(config.engine, on_rank_failure=on_rank_failure))
+    runner = build_model_runner(config.engine, drafter is not None, on_rank_failure=on_rank_failure)
+    engine = Engine(config.engine, drafter, runner)
     _warm_up(engine)
     exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine,
                                        read_fallbacks=(lambda: drafter.num_fallbacks) if drafter else (lambda: 0))

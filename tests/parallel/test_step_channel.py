@@ -1,5 +1,5 @@
 """The step channel between two real processes over gloo: a step that fits one frame, one that needs a
-second broadcast, device feedback beside it, and stop."""
+second broadcast, device feedback of one or two dimensions (or none, or empty) beside it, and stop."""
 from __future__ import annotations
 
 import multiprocessing
@@ -12,7 +12,10 @@ from verifier_service.parallel.launch import join_process_groups, leave_process_
 from verifier_service.parallel.step_channel import StepChannel
 
 CAPACITY = 8  # int64 per frame: a payload beyond 5 numbers continues in a second broadcast
-STEPS = [(torch.arange(4), None), (torch.arange(100, 130), torch.tensor([7, 8, 9])), (torch.arange(3), torch.tensor([], dtype=torch.int64))]
+STEPS = [(torch.arange(4), None),
+         (torch.arange(100, 130), torch.tensor([[7, 0], [8, 2], [9, 1]])),  # (last token, accepted) per request
+         (torch.arange(3), torch.tensor([7, 8])),
+         (torch.arange(3), torch.tensor([], dtype=torch.int64))]
 
 
 def receive_all(port: int, results) -> None:

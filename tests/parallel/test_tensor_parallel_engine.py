@@ -1,6 +1,6 @@
 """The engine on two CPU ranks (gloo) with the real default model, float32: greedy output equals transformers'
-generate token for token, without drafts, with n-gram drafts, and with async scheduling (the next step's first
-tokens reach rank 1 as device feedback beside the batch).
+generate token for token, without drafts, with n-gram drafts, and with async scheduling with and without drafts
+(the step in flight's result, last token and accepted drafts, reaches rank 1 as device feedback beside the batch).
 
 SmolLM2-135M has 9 query heads in 3 KV groups: rank 0 holds two groups, rank 1 one (parallel/shard.py).
 """
@@ -69,7 +69,21 @@ def test_greedy_on_two_ranks_equals_transformers_generate(drafts, prompts, hf_gr
         assert sum(s.spec_decoding.num_accepted_tokens for s in engine.take_step_stats() if s.spec_decoding) > 0
 
 
-def test_async_scheduling_on_two_ranks_equals_transformers_generate(prompts, hf_greedy, runner):
-    engine = Engine(dataclasses.replace(CONFIG, async_scheduling=True), runner=runner)
+@pytest.mark.parametrize("drafts", ["none", "ngram"])
+def test_async_scheduling_on_two_ranks_equals_transformers_generate(drafts, prompts, hf_greedy, runner):
+    continuing, advancing = [], []
+
+    class CountingRunner:  # rank 0's runner; counts the batches that continue from the step in flight
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        def execute(self, batch):
+            continuing.append(batch.previous_result is not None)
+            advancing.append(any(r.previous_num_drafts for r in batch.requests))
+            return runner.execute(batch)
+
+    proposer = BruteForceNgramProposer() if drafts == "ngram" else None
+    engine = Engine(dataclasses.replace(CONFIG, async_scheduling=True), proposer=proposer, runner=CountingRunner())
     assert generate(engine, prompts) == hf_greedy
-    assert sum(step.scheduled_ahead for step in engine.take_step_stats()) > MAX_TOKENS // 2
+    assert sum(continuing) > MAX_TOKENS // 4
+    assert any(advancing) is (proposer is not None)  # behind a step with drafts: positions depend on its result

@@ -53,9 +53,10 @@ def plan_shards(config: EngineConfig) -> list[RankShard]:
             for rank in range(config.tensor_parallel_size)]
 
 
-def start_tensor_parallel(config: EngineConfig,
+def start_tensor_parallel(config: EngineConfig, drafts: bool = True,
                           on_failure: Callable[[str], None] | None = None) -> ParallelRunner:
-    """Rank 0's runner, ranks 1..N-1 started and loaded; on_failure(reason) when one dies or hangs later."""
+    """Rank 0's runner, ranks 1..N-1 started and loaded (drafts: as engine.build_model_runner takes it);
+    on_failure(reason) when one dies or hangs later."""
     from verifier_service.parallel.worker import run_worker
 
     size, device = config.tensor_parallel_size, resolve_device(config.device)
@@ -66,8 +67,8 @@ def start_tensor_parallel(config: EngineConfig,
     threads = max(1, torch.get_num_threads() // size) if device.type == "cpu" else torch.get_num_threads()
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=run_worker, args=(config, rank, store.port, threads), name=f"specd-rank-{rank}")
-               for rank in range(1, size)]
+    workers = [spawn.Process(target=run_worker, args=(config, drafts, rank, store.port, threads),
+                             name=f"specd-rank-{rank}") for rank in range(1, size)]
     supervisor = RankSupervisor(workers, hang_timeout_s())
     if on_failure is not None:
         supervisor.add_failure_callback(on_failure)
@@ -77,7 +78,7 @@ def start_tensor_parallel(config: EngineConfig,
     supervisor.start()
     try:
         torch.set_num_threads(threads)
-        runner, channel = join_and_build(config, shards[0], store, device)
+        runner, channel = join_and_build(config, drafts, shards[0], store, device)
     except BaseException:
         supervisor.stop(timeout_s=0.0)
         leave_process_groups()
@@ -85,12 +86,12 @@ def start_tensor_parallel(config: EngineConfig,
     return ParallelRunner(runner, channel, supervisor)
 
 
-def join_and_build(config: EngineConfig, shard: RankShard, store: dist.Store, device: torch.device):
+def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: dist.Store, device: torch.device):
     """Every rank's start-up after its process exists: process groups, then its runner and channel."""
     from verifier_service.engine.engine import build_model_runner
 
     host_group = join_process_groups(shard.rank, shard.world_size, store, device)
-    runner = build_model_runner(config, shard=shard)
+    runner = build_model_runner(config, drafts, shard=shard)
     return runner, StepChannel(host_group, runner.device)
 
 

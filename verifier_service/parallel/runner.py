@@ -1,7 +1,7 @@
 """Rank 0's runner under tensor parallelism: what the engine calls instead of a ModelRunner.
 
-`execute(batch)` sends the batch to the other ranks (one StepChannel publish) and runs rank 0's own
-shard of the forward; the other ranks run the same forward on the same batch (worker.py), and the
+`execute(batch)` (and `execute_greedy`) sends the batch to the other ranks (one StepChannel publish) and
+runs rank 0's own shard of the forward; the other ranks run the same forward on the same batch (worker.py), and the
 forward's collectives tie them together. The logits come back whole on rank 0 (the LM head gathers
 the vocabulary), so the engine's sampling and verification are the single-GPU code, on rank 0 only.
 
@@ -47,18 +47,32 @@ class ParallelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
         """float32 logits [batch.num_logits, vocab_size], as ModelRunner.execute returns them."""
+        self.local.check(batch)
+        return self._step(batch, self.local.execute)
+
+    @torch.inference_mode()
+    def execute_greedy(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """ModelRunner.execute_greedy: the CUDA graph's own greedy verdict, None where no graph fits (then
+        nothing was sent). The other ranks execute the batch, which replays the same graph (its verdict,
+        computed from the gathered logits on every rank, is read on rank 0 only)."""
+        self.local.check(batch)
+        if self.local.graphs is None or self.local.graphs.shape_for(batch) is None:
+            return None
+        return self._step(batch, self.local.execute_greedy)
+
+    def _step(self, batch: ScheduledBatch, run):
+        """Sends the batch, then runs rank 0's part with run(batch); any failure here is fatal."""
         if self.supervisor.failure is not None:
             raise RankFailure(f"tensor parallelism failed: {self.supervisor.failure}")
-        self.local.check(batch)
         self.supervisor.progress.begin()
         try:
             self.channel.publish(*encode_batch(batch))
-            logits = self.local.execute(batch)
+            result = run(batch)
         except Exception as error:
             self.supervisor.fail(f"rank 0's step failed: {type(error).__name__}: {error}")
             raise
         self.supervisor.progress.launched(self.local.device)
-        return logits
+        return result
 
     def add_failure_callback(self, callback) -> None:
         """callback(reason) once a rank dies or hangs (the verifier leaves the service: server.py)."""

@@ -24,22 +24,23 @@ from verifier_service.parallel.launch import join_and_build, leave_process_group
 logger = logging.getLogger(__name__)
 
 
-def run_worker(config: EngineConfig, rank: int, store_port: int, num_threads: int) -> None:
+def run_worker(config: EngineConfig, drafts: bool, rank: int, store_port: int, num_threads: int) -> None:
     """The process target of rank `rank` (spawned by launch.start_tensor_parallel)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s verifier rank {rank} %(levelname)s %(name)s: %(message)s")
     _exit_with_rank_0()
     torch.set_num_threads(num_threads)
     try:
-        _serve(config, rank, store_port)
+        _serve(config, drafts, rank, store_port)
     except BaseException:  # noqa: BLE001 - any error leaves the ranks out of step: exit, and rank 0 follows
         logger.exception("rank %d failed", rank)
         os._exit(1)
 
 
-def _serve(config: EngineConfig, rank: int, store_port: int) -> None:
+def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> None:
     size = config.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False)
-    runner, channel = join_and_build(config, plan_shards(config)[rank], store, resolve_device(config.device))
+    shard, device = plan_shards(config)[rank], resolve_device(config.device)
+    runner, channel = join_and_build(config, drafts, shard, store, device)
     logger.info("rank %d of %d ready", rank, size)
     with torch.inference_mode():
         while (step := channel.receive()) is not None:
