@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm]
+#                            [tptests] [tplatency] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
 # .device/old; nanovllm: specd's throughput (speculation off / on, async) alternating with nano-vllm's own
 # bench.py on the same workload and card (peers in .device/peers).
+# Tensor parallelism (issue 15; a machine of 2 or 4 GPUs, each part well under 10 minutes): tptests = the TP GPU
+# tests; tplatency = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4; tplatency70b = Llama-3-70B shapes at TP 4
+# with speculation on / off (weights drawn on each GPU, no checkpoint); tpthroughput = nano-vllm's workload at
+# TP 2 on a Qwen3-8B-shaped checkpoint, nano-vllm's own tp2 run first in the same call (.device/peers, a copy of
+# /work/shared/device/peers). NCCL's NVLink multicast stays off as the machine sets it (NCCL_NVLS_ENABLE=0).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -32,5 +38,10 @@ for part in "$@"; do
         python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
       done ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
+    tptests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_tensor_parallel.py 2>&1 | tee "$OUT/tp_tests.log" | tail -15 ;;
+    tplatency) python3 bench/gpu_tp.py latency qwen3-8b --tp 1,2,4 2>&1 | tee "$OUT/tp_latency.log" | tail -7 ;;
+    tplatency70b) python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation 2>&1 | tee "$OUT/tp_latency70b.log" | tail -5 ;;
+    tpthroughput) models qwen3-8b && bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-8b tp2 2>&1 | tee "$OUT/nano_tp2.log" | tail -3
+      python3 bench/gpu_tp.py throughput /tmp/models/qwen3-8b --tp 2 --num-seqs 128 --peer-log "$OUT/nano_tp2.log" 2>&1 | tee "$OUT/tp_throughput.log" | tail -5 ;;
   esac
 done
