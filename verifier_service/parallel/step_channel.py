@@ -45,7 +45,8 @@ class StepChannel:
         """Sends one step's inputs: host [n] int64 on the CPU; feedback int64 on the device, [rows] or
         [rows, columns], or None."""
         if feedback is not None and (feedback.dtype != torch.int64 or feedback.dim() not in (1, 2)):
-            raise ValueError(f"feedback: must be int64 of 1 or 2 dimensions, got {feedback.dtype} {tuple(feedback.shape)}")
+            raise ValueError(f"feedback: must be int64 of 1 or 2 dimensions, got {feedback.dtype} "
+                             f"{tuple(feedback.shape)}")
         length = host.numel()
         first = min(length, self._frame.numel() - _HEADER)
         shape = (-1, 0) if feedback is None else (feedback.shape[0], feedback.shape[1] if feedback.dim() == 2 else 0)

@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 def run_worker(config: EngineConfig, drafts: bool, rank: int, store_port: int, num_threads: int) -> None:
     """The process target of rank `rank` (spawned by launch.start_tensor_parallel)."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s verifier rank {rank} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s verifier rank {rank} %(levelname)s %(name)s: %(message)s")
     _exit_with_rank_0()
     torch.set_num_threads(num_threads)
     try:
