@@ -1,9 +1,10 @@
 """Rank 0's runner under tensor parallelism: what the engine calls instead of a ModelRunner.
 
 `execute(batch)` (and `execute_greedy`) sends the batch to the other ranks (one StepChannel publish) and
-runs rank 0's own shard of the forward; the other ranks run the same forward on the same batch (worker.py), and the
-forward's collectives tie them together. The logits come back whole on rank 0 (the LM head gathers
-the vocabulary), so the engine's sampling and verification are the single-GPU code, on rank 0 only.
+runs rank 0's own shard of the forward; the other ranks run the same forward on the same batch
+(worker.py), and the forward's collectives tie them together. The logits come back whole on rank 0 (the
+LM head gathers the vocabulary), so the engine's sampling and verification are the single-GPU code, on
+rank 0 only.
 
 A batch is checked before it is sent, so a bad one fails on rank 0 alone, as it would without
 parallelism; any failure after that leaves the ranks out of step, so it is fatal (supervisor.py).
@@ -11,6 +12,7 @@ parallelism; any failure after that leaves the ranks out of step, so it is fatal
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
@@ -80,8 +82,6 @@ class ParallelRunner:
 
     def close(self) -> None:
         """Stops the other ranks and leaves the process group (a clean shutdown)."""
-        import torch.distributed as dist
-
         if self.supervisor.failure is None:
             self.channel.stop()
         self.supervisor.stop()
