@@ -52,3 +52,16 @@ def test_two_ranks_give_the_logits_of_one(checkpoint):
     for step_got, step_expected in zip(got, expected):
         assert step_got.shape == step_expected.shape
         torch.testing.assert_close(step_got, step_expected, **TOLERANCE)
+
+
+def test_rank_0_alone_offers_no_method_the_other_ranks_would_miss(tmp_path):
+    """A local-runner method run on rank 0 only would leave the other ranks waiting in a collective."""
+    save_tiny_checkpoint("mistral-gqa", tmp_path)
+    sharded = runner_for(tmp_path, 2)
+    try:
+        assert sharded.num_blocks > 0 and sharded.graphs is None  # attributes are rank 0's runner's
+        assert getattr(sharded, "warm_up", None) is None and getattr(sharded, "capture_cuda_graphs", None) is None
+        assert sharded.execute_greedy(next(steps(sharded.num_blocks))) is None  # no CUDA graph on the CPU: nothing sent
+        assert sharded.execute(next(steps(sharded.num_blocks))).shape[1] == sharded.vocab_size
+    finally:
+        sharded.close()

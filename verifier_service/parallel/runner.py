@@ -11,6 +11,8 @@ parallelism; any failure after that leaves the ranks out of step, so it is fatal
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.distributed as dist
 
@@ -20,10 +22,6 @@ from verifier_service.parallel.batch_codec import encode_batch
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor
 
-# Start-up calls that each rank makes for itself (launch.py); on rank 0 alone they would leave the others behind.
-_EVERY_RANK_ALONE = ("capture_cuda_graphs", "warm_up")
-
-
 class RankFailure(RuntimeError):
     """A tensor-parallel rank died or hung: the sharded model cannot run any more."""
 
@@ -31,8 +29,11 @@ class RankFailure(RuntimeError):
 class ParallelRunner:
     """Rank 0's ModelRunner (`local`) plus the channel to, and the watch over, ranks 1..N-1.
 
-    Reads of anything else (num_blocks, vocab_size, device, graphs, model, ...) are the local runner's:
-    rank 0's shard, with the same block count, vocabulary and limits as every rank.
+    Reads of other attributes (num_blocks, vocab_size, device, graphs, model, ...) are the local runner's:
+    rank 0's shard, with the same block count, vocabulary and limits as every rank. The local runner's
+    methods are not: one that launches device work, run on rank 0 alone, would leave the other ranks
+    behind, so only those defined here exist (a caller that probes with getattr, as the engine does for
+    execute_greedy, then takes its fallback). A new runner method the engine calls must be added here.
     """
 
     def __init__(self, local: ModelRunner, channel: StepChannel, supervisor: RankSupervisor) -> None:
@@ -42,9 +43,11 @@ class ParallelRunner:
     def __getattr__(self, name: str):  # only called for names the instance itself lacks
         if name == "local":  # not set yet
             raise AttributeError(name)
-        if name in _EVERY_RANK_ALONE:
-            raise AttributeError(f"{name}: every rank runs it for itself at start-up (parallel/launch.py)")
-        return getattr(self.local, name)
+        value = getattr(self.local, name)
+        if inspect.ismethod(value):
+            raise AttributeError(f"{name}: ParallelRunner runs only the methods it defines, on every rank "
+                                 f"(verifier_service/parallel/runner.py)")
+        return value
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
