@@ -15,7 +15,9 @@ acceptance, never correctness, since every draft is verified against the target.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from verifier_service.engine.batch import ScheduledBatch
 
 
 def drafts_after(proposal: Sequence[int], in_flight_drafts: Sequence[int], num_slots: int) -> list[int]:
@@ -26,3 +28,19 @@ def drafts_after(proposal: Sequence[int], in_flight_drafts: Sequence[int], num_s
             break
         agreed += 1
     return list(proposal[agreed + 1:agreed + 1 + num_slots])
+
+
+def guessed_drafts(batch: ScheduledBatch, in_flight: ScheduledBatch, proposals: Mapping[str, Sequence[int]],
+                   slots: Mapping[str, int]) -> dict[str, list[int]]:
+    """Drafts for each entry of batch that continues from in_flight (previous_token_row set), from its
+    proposal and its drafts in flight; `slots`: draft slots per request id."""
+    in_flight_by_id = {scheduled.request_id: scheduled for scheduled in in_flight.requests}
+    drafts = {}
+    for scheduled in batch.requests:
+        proposal, num_slots = proposals.get(scheduled.request_id), slots.get(scheduled.request_id, 0)
+        if not proposal or scheduled.previous_token_row < 0 or num_slots <= 0:
+            continue
+        previous = in_flight_by_id[scheduled.request_id]
+        in_flight_drafts = previous.token_ids[previous.num_tokens - previous.num_draft_tokens:]
+        drafts[scheduled.request_id] = drafts_after(proposal, in_flight_drafts, num_slots)
+    return drafts

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.draft_lookahead import drafts_after
+from verifier_service.engine.draft_lookahead import guessed_drafts
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
+from verifier_service.engine.previous_tokens import continue_from
 from verifier_service.engine.proposer import DraftRequest, PendingProposal, Proposer, begin
 from verifier_service.engine.rejection_sampler import PendingVerification, VerifiedTokens, verify_async
 from verifier_service.engine.request import Request
@@ -148,33 +149,13 @@ class Engine:
         proposals = self._proposals(pending)
         if not batch:
             return None
-        in_flight = {scheduled.request_id: scheduled for scheduled in previous.batch.requests}
         if previous.verification is not None:
-            indices = previous.verification.batch_indices
-            rows = {previous.batch.requests[index].request_id: row for row, index in enumerate(indices)}
-            for scheduled in batch.requests:  # a request that emits tokens in previous continues from them
-                scheduled.previous_token_row = rows.get(scheduled.request_id, -1)
-                if scheduled.previous_token_row >= 0:
-                    scheduled.previous_num_drafts = in_flight[scheduled.request_id].num_draft_tokens
-            batch.previous_result = previous.verification.previous_result
+            continue_from(batch, previous.batch, previous.verification)
         if proposals:
             with self._lock:
-                self.scheduler.add_drafts(batch, self._guessed_drafts(batch, in_flight, proposals))
+                slots = {request.request_id: request.num_draft_slots for request in requests}
+                self.scheduler.add_drafts(batch, guessed_drafts(batch, previous.batch, proposals, slots))
         return self._launch(batch, requests)
-
-    def _guessed_drafts(self, batch: ScheduledBatch, in_flight: dict[str, ScheduledRequest],
-                        proposals: dict[str, list[int]]) -> dict[str, list[int]]:
-        """Each continuing request's drafts, from its proposal and its drafts in flight (draft_lookahead.py)."""
-        drafts = {}
-        for scheduled in batch.requests:
-            proposal = proposals.get(scheduled.request_id)
-            request = self.scheduler.requests.get(scheduled.request_id)
-            if not proposal or scheduled.previous_token_row < 0 or request is None or not request.num_draft_slots:
-                continue
-            previous = in_flight[scheduled.request_id]
-            in_flight_drafts = previous.token_ids[previous.num_tokens - previous.num_draft_tokens:]
-            drafts[scheduled.request_id] = drafts_after(proposal, in_flight_drafts, request.num_draft_slots)
-        return drafts
 
     def _launch(self, batch: ScheduledBatch, requests: list[Request]) -> LaunchedStep:
         verification = self._score_greedy(batch, requests)

@@ -15,11 +15,27 @@ on the device. Three ways to use it:
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.host_copy import to_device
+
+if TYPE_CHECKING:
+    from verifier_service.engine.rejection_sampler import PendingVerification
+
+
+def continue_from(batch: ScheduledBatch, in_flight: ScheduledBatch, verification: PendingVerification) -> None:
+    """Points every entry of batch whose request emits tokens in in_flight at its row of in_flight's result
+    (still on the device), with the drafts in_flight scored for it (its start may move by up to that many)."""
+    rows = {in_flight.requests[index].request_id: row for row, index in enumerate(verification.batch_indices)}
+    drafts = {scheduled.request_id: scheduled.num_draft_tokens for scheduled in in_flight.requests}
+    for scheduled in batch.requests:
+        scheduled.previous_token_row = rows.get(scheduled.request_id, -1)
+        if scheduled.previous_token_row >= 0:
+            scheduled.previous_num_drafts = drafts[scheduled.request_id]
+    batch.previous_result = verification.previous_result
 
 
 def continuation_pairs(batch: ScheduledBatch, width: int | None = None) -> tuple[list[int], list[int]]:

@@ -186,16 +186,11 @@ class Scheduler:
     def _max_drafts(self, request: Request, extra: int = 0) -> int:
         """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1), even if
         `extra` more tokens come first (those a step in flight may emit beyond its placeholder)."""
-        k = self.speculative_tokens(request)
+        k = request.num_speculative_tokens
         if k <= 0:
             return 0
         return min(k, request.params.max_tokens - request.num_output_tokens - extra - 1,
                    self.max_model_len - request.num_tokens - extra - 1)
-
-    @staticmethod
-    def speculative_tokens(request: Request) -> int:
-        """The request's k: its own ask or the default, clamped to max_speculative_tokens (set by add)."""
-        return request.num_speculative_tokens
 
     def _grow(self, request: Request, num_new_slots: int) -> bool:
         """Make the block table cover num_new_slots more positions; False if blocks ran out."""
