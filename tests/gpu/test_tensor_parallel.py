@@ -1,13 +1,15 @@
 """Tensor parallelism on CUDA (NCCL, compiled regions with the all-reduce inside, CUDA graphs): 2 and 4 ranks give
-one GPU's logits in bf16, eager and replayed; rank 0 syncs with its device at most once per decode step; the
-default model's greedy output with speculation equals its output without on 2 ranks (or differs first at a
-near-tie, as on one GPU: tests/gpu/test_default_model.py)."""
+one GPU's logits in bf16, eager and replayed, and closing them (graphs with NCCL inside captured) stops every rank
+and leaves the process groups; rank 0 syncs with its device at most once per decode step; the default model's
+greedy output with speculation equals its output without on 2 ranks (or differs first at a near-tie, as on one
+GPU: tests/gpu/test_default_model.py)."""
 from __future__ import annotations
 
 import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from support.engine_runs import generate_greedy, top2_gap
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
@@ -72,10 +74,18 @@ def test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed(checkpoint, ten
         eager = build_eager_logits(sharded)
     finally:
         sharded.close()
+    assert_left_cleanly(sharded)
     for step_got, step_expected in zip(got, expected):
         assert step_got.shape == step_expected.shape
         assert relative_error(step_got, step_expected) < 2e-2
     assert relative_error(got[1], eager) < 2e-2  # the captured graph (NCCL inside) equals the eager forward
+
+
+def assert_left_cleanly(sharded) -> None:
+    """After close: every other rank exited 0 and this process left the process groups (NCCL's teardown waits for
+    every CUDA graph that captured one of its collectives: verifier_service/parallel/teardown.py)."""
+    assert [worker.exitcode for worker in sharded.supervisor.workers] == [0] * len(sharded.supervisor.workers)
+    assert not dist.is_initialized(), "the process groups were not left: see the teardown error in the log"
 
 
 def build_eager_logits(sharded) -> torch.Tensor:

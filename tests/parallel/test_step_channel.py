@@ -8,8 +8,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.launch import join_process_groups, leave_process_groups
+from verifier_service.parallel.launch import join_process_groups
 from verifier_service.parallel.step_channel import StepChannel
+from verifier_service.parallel.teardown import leave_process_groups
 
 CAPACITY = 8  # int64 per frame: a payload beyond 5 numbers continues in a second broadcast
 STEPS = [(torch.arange(4), None),

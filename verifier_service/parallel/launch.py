@@ -29,6 +29,7 @@ from verifier_service.parallel.runner import ParallelRunner
 from verifier_service.parallel.shard import RankShard, plan_shard
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor, hang_timeout_s
+from verifier_service.parallel.teardown import leave_process_groups
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def start_tensor_parallel(config: EngineConfig, drafts: bool = True,
         runner, channel = join_and_build(config, drafts, shards[0], store, device)
     except BaseException:
         supervisor.stop(timeout_s=0.0)
-        leave_process_groups()
+        leave_process_groups(healthy=False)
         raise
     return ParallelRunner(runner, channel, supervisor)
 
@@ -104,8 +105,3 @@ def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.d
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-
-
-def leave_process_groups() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()

@@ -8,19 +8,20 @@ rank 0 only.
 
 A batch is checked before it is sent, so a bad one fails on rank 0 alone, as it would without
 parallelism; any failure after that leaves the ranks out of step, so it is fatal (supervisor.py).
+`close` ends the run on every rank together (teardown.py).
 """
 from __future__ import annotations
 
 import inspect
 
 import torch
-import torch.distributed as dist
 
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.parallel.batch_codec import encode_batch
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor
+from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
 
 class RankFailure(RuntimeError):
     """A tensor-parallel rank died or hung: the sharded model cannot run any more."""
@@ -69,14 +70,15 @@ class ParallelRunner:
         """Sends the batch, then runs rank 0's part with run(batch); any failure here is fatal."""
         if self.supervisor.failure is not None:
             raise RankFailure(f"tensor parallelism failed: {self.supervisor.failure}")
-        self.supervisor.progress.begin()
+        progress = self.supervisor.progress
+        progress.begin()
         try:
             self.channel.publish(*encode_batch(batch))
             result = run(batch)
         except Exception as error:
             self.supervisor.fail(f"rank 0's step failed: {type(error).__name__}: {error}")
             raise
-        self.supervisor.progress.launched(self.local.device)
+        progress.launched(self.local.device)
         return result
 
     def add_failure_callback(self, callback) -> None:
@@ -84,9 +86,14 @@ class ParallelRunner:
         self.supervisor.add_failure_callback(callback)
 
     def close(self) -> None:
-        """Stops the other ranks and leaves the process group (a clean shutdown)."""
-        if self.supervisor.failure is None:
-            self.channel.stop()
+        """Stops the other ranks and leaves the process groups with them; after a rank failure, kills them and
+        aborts the groups. Returns within a bounded time either way (teardown.py)."""
+        healthy = self.supervisor.failure is None
+        self.supervisor.stop_watching()  # the other ranks now exit by design
+        if healthy:
+            self.channel.stop()  # they drop their graphs and leave the groups now, as rank 0 does below
+        else:
+            self.supervisor.stop(timeout_s=0.0)  # they may wait in a collective for good
+        release_cuda_graphs(self.local, synchronize=healthy)
+        leave_process_groups(healthy)
         self.supervisor.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -8,7 +8,8 @@ handed to the failure callbacks: the verifier's marks health NOT_SERVING and end
 - hung: the last step rank 0 launched has not finished, on the host or on the device (a CUDA event
   recorded after its kernels), within SPECD_TENSOR_PARALLEL_TIMEOUT_S seconds (default 300: the first
   steps compile, which takes minutes for big models).
-The workers watch rank 0 in turn (worker.py): they exit when it does.
+The workers watch rank 0 in turn (worker.py): they exit when it does. A clean shutdown stops the watch
+first (`stop_watching`), since the workers then exit by design.
 """
 from __future__ import annotations
 
@@ -95,9 +96,14 @@ class RankSupervisor:
         for callback in list(self._callbacks):
             callback(reason)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """A clean shutdown (the workers were told to stop): waits for them, then kills what is left."""
+    def stop_watching(self) -> None:
+        """From now on nothing counts as a failure: the workers are about to exit by design."""
         self._stopping.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """A shutdown (the workers were told to stop, or are to be killed): waits up to timeout_s for them,
+        then kills what is left."""
+        self.stop_watching()
         deadline = time.monotonic() + timeout_s
         for worker in self.workers:
             worker.join(max(0.0, deadline - time.monotonic()))

@@ -1,9 +1,10 @@
 """Ranks 1..N-1 of a tensor-parallel verifier: a process that runs whatever forward rank 0 runs.
 
 Its whole life: join the process groups, build its shard's runner (the same start-up as rank 0's, in
-step with it: launch.py), then receive each step's batch and execute it, until rank 0 says stop. It never
-schedules, samples or talks gRPC. It exits non-zero on any error (rank 0's watch sees the exit and takes
-the verifier out) and as soon as rank 0's process ends, so no rank outlives the verifier.
+step with it: launch.py), then receive each step's batch and execute it, until rank 0 says stop; then drop
+its CUDA graphs and leave the process groups together with rank 0 (teardown.py). It never schedules,
+samples or talks gRPC. It exits non-zero on any error (rank 0's watch sees the exit and takes the verifier
+out) and as soon as rank 0's process ends, so no rank outlives the verifier.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import torch.distributed as dist
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.model_runner import resolve_device
 from verifier_service.parallel.batch_codec import decode_batch
-from verifier_service.parallel.launch import join_and_build, leave_process_groups, plan_shards
+from verifier_service.parallel.launch import join_and_build, plan_shards
+from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +33,17 @@ def run_worker(config: EngineConfig, drafts: bool, rank: int, store_port: int, n
     _exit_with_rank_0()
     torch.set_num_threads(num_threads)
     try:
-        _serve(config, drafts, rank, store_port)
+        left = _serve(config, drafts, rank, store_port)
     except BaseException:  # noqa: BLE001 - any error leaves the ranks out of step: exit, and rank 0 follows
         logger.exception("rank %d failed", rank)
         os._exit(1)
+    if not left:  # teardown abandoned (logged): skip the interpreter's exit, which would wait on it again
+        logging.shutdown()
+        os._exit(0)
 
 
-def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> None:
+def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> bool:
+    """Start-up, the step loop, teardown; whether the process groups were left cleanly."""
     size = config.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False)
     shard, device = plan_shards(config)[rank], resolve_device(config.device)
@@ -46,7 +52,8 @@ def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> No
     with torch.inference_mode():
         while (step := channel.receive()) is not None:
             runner.execute(decode_batch(step.host, step.feedback))
-    leave_process_groups()
+    release_cuda_graphs(runner)
+    return leave_process_groups()
 
 
 def _exit_with_rank_0() -> None:
