@@ -1,6 +1,7 @@
 """A tensor-parallel verifier as a real process (2 CPU ranks over gloo, real gRPC health): a rank that dies or
-hangs turns it NOT_SERVING and ends it non-zero; SIGTERM stops every rank cleanly; a model that cannot be split,
-or more ranks than GPUs, fails start-up naming the option."""
+hangs turns it NOT_SERVING and ends it non-zero (a hang with rank 0's stacks in the log, the others asked for
+theirs); SIGTERM stops every rank cleanly; a model that cannot be split, or more ranks than GPUs, fails start-up
+naming the option."""
 from __future__ import annotations
 
 import os
@@ -120,7 +121,9 @@ def test_a_hung_rank_turns_the_verifier_not_serving_and_ends_it(start_serving):
     client.join(timeout=60)
     assert NOT_SERVING in seen, seen
     assert serving.process.wait(timeout=30) == RANK_FAILURE_EXIT_CODE
-    assert "(a rank hangs)" in serving.log_path.read_text()
+    log = serving.log_path.read_text()
+    assert "has not finished on every rank after 3 s (a rank hangs)" in log
+    assert "most recent call first" in log  # rank 0's stacks, written before it leaves (the stopped rank's wait)
     assert errors == [grpc.StatusCode.UNAVAILABLE]  # what the gateway retries or resumes elsewhere
 
 

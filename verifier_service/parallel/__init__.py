@@ -12,5 +12,7 @@ embedding, o_proj and down_proj, an all-gather of the LM head's vocabulary slice
 Files: shard.py (who holds what), layers.py + model.py (the sharded modules), collectives.py (the
 all-reduce the compiled regions can hold, the logits gather), batch_codec.py + step_channel.py (one
 step's inputs to the other ranks), launch.py + worker.py (process start-up), runner.py (rank 0's
-runner), supervisor.py (a rank that dies or hangs takes the verifier out).
+runner), supervisor.py (a rank that dies or hangs takes the verifier out), teardown.py (every rank drops its
+CUDA graphs, then all leave the process groups together), diagnostics.py (per-rank phase logs and stack dumps,
+so a stuck run says where each rank waits).
 """

@@ -6,8 +6,11 @@ TCPStore on loopback (all ranks live on one host):
 - the default group, for the forward's collectives and the step feedback: NCCL on CUDA, gloo on the CPU;
 - a gloo group for the step inputs rank 0 sends from its host (step_channel.py), with a timeout long
   enough for an idle verifier (the other ranks wait in it between requests).
-Then every rank builds its runner the same way (engine.build_model_runner with its shard: load, KV
-cache, compile, CUDA graph capture), in step, because those contain collectives.
+A one-element all-reduce on the default group and a barrier on the gloo group check both before anything
+heavy runs (a broken NCCL set-up fails or hangs there, not in the middle of the model). Then every rank
+builds its runner the same way (engine.build_model_runner with its shard: load, KV cache, compile, CUDA
+graph capture), in step, because those contain collectives. Each phase is logged on every rank
+(diagnostics.py).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from specd.default_model import resolve_model_path
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.model_runner import resolve_device
 from verifier_service.model.config import load_model_config
+from verifier_service.parallel.diagnostics import phase, register_stack_dump_signal
 from verifier_service.parallel.runner import ParallelRunner
 from verifier_service.parallel.shard import RankShard, plan_shard
 from verifier_service.parallel.step_channel import StepChannel
@@ -73,6 +77,7 @@ def start_tensor_parallel(config: EngineConfig, drafts: bool = True,
     supervisor = RankSupervisor(workers, hang_timeout_s())
     if on_failure is not None:
         supervisor.add_failure_callback(on_failure)
+    register_stack_dump_signal()
     for worker in workers:
         worker.start()
     atexit.register(supervisor.stop, 0.0)  # never leave ranks behind, whatever ends this process
@@ -91,17 +96,30 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
     """Every rank's start-up after its process exists: process groups, then its runner and channel."""
     from verifier_service.engine.engine import build_model_runner
 
-    host_group = join_process_groups(shard.rank, shard.world_size, store, device)
-    runner = build_model_runner(config, drafts, shard=shard)
+    rank = shard.rank
+    with phase(rank, f"joining the process groups ({shard.world_size} ranks, {device.type})"):
+        host_group = join_process_groups(rank, shard.world_size, store, device)
+    with phase(rank, "loading the shard, KV cache, compiled regions and CUDA graph capture"):
+        runner = build_model_runner(config, drafts, shard=shard)
+    logger.info("rank %d: %d KV blocks, CUDA graphs %s", rank, runner.num_blocks,
+                "captured" if runner.graphs is not None else "off")
     return runner, StepChannel(host_group, runner.device)
 
 
 def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.device) -> dist.ProcessGroup:
-    """Joins the default group (NCCL on CUDA, gloo on the CPU) and returns the gloo group for step inputs."""
+    """Joins the default group (NCCL on CUDA, gloo on the CPU), checks it with an all-reduce, and returns the
+    gloo group for step inputs (checked with a barrier)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # rank r drives GPU r; "cuda" means it from here on
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=torch.device("cuda", rank))
+        device = torch.device("cuda", rank)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
-    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    ones = torch.ones(1, dtype=torch.int64, device=device)
+    dist.all_reduce(ones)  # NCCL's first collective, outside any CUDA graph capture
+    if (total := int(ones.item())) != size:
+        raise RuntimeError(f"tensor parallelism: a check all-reduce of ones over {size} ranks gave {total}")
+    host_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    dist.barrier(group=host_group)
+    return host_group

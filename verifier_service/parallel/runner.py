@@ -8,20 +8,26 @@ rank 0 only.
 
 A batch is checked before it is sent, so a bad one fails on rank 0 alone, as it would without
 parallelism; any failure after that leaves the ranks out of step, so it is fatal (supervisor.py).
-`close` ends the run on every rank together (teardown.py).
+The first steps are logged with their kind (diagnostics.py); `close` ends the run on every rank together
+(teardown.py).
 """
 from __future__ import annotations
 
 import inspect
+import logging
 
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.parallel.batch_codec import encode_batch
+from verifier_service.parallel.diagnostics import FIRST_STEPS_LOGGED, describe_step
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
+
+logger = logging.getLogger(__name__)
+
 
 class RankFailure(RuntimeError):
     """A tensor-parallel rank died or hung: the sharded model cannot run any more."""
@@ -71,7 +77,9 @@ class ParallelRunner:
         if self.supervisor.failure is not None:
             raise RankFailure(f"tensor parallelism failed: {self.supervisor.failure}")
         progress = self.supervisor.progress
-        progress.begin()
+        progress.begin(lambda: describe_step(batch, self.local))
+        if progress.steps <= FIRST_STEPS_LOGGED:
+            logger.info("rank 0: step %d: %s", progress.steps, describe_step(batch, self.local))
         try:
             self.channel.publish(*encode_batch(batch))
             result = run(batch)

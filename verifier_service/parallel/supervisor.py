@@ -7,7 +7,8 @@ handed to the failure callbacks: the verifier's marks health NOT_SERVING and end
 - dead: a worker process exited (its sentinel, watched by a thread);
 - hung: the last step rank 0 launched has not finished, on the host or on the device (a CUDA event
   recorded after its kernels), within SPECD_TENSOR_PARALLEL_TIMEOUT_S seconds (default 300: the first
-  steps compile, which takes minutes for big models).
+  steps compile, which takes minutes for big models). Before it fails, the watch writes rank 0's Python
+  stacks and has every other rank write its own (diagnostics.py), so the log says where each one waits.
 The workers watch rank 0 in turn (worker.py): they exit when it does. A clean shutdown stops the watch
 first (`stop_watching`), since the workers then exit by design.
 """
@@ -22,6 +23,8 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
 import torch
+
+from verifier_service.parallel.diagnostics import dump_stacks
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +46,13 @@ class StepProgress:
 
     def __init__(self) -> None:
         self._state: tuple[float, torch.cuda.Event | None, bool] | None = None  # (began, device event, done)
+        self.steps = 0  # steps begun
+        self._describe: Callable[[], str] = lambda: "no step yet"
 
-    def begin(self) -> None:
+    def begin(self, describe: Callable[[], str] | None = None) -> None:
+        """A step begins; describe() says what it is, should it hang (called only then: it may cost)."""
+        self.steps += 1
+        self._describe = describe or (lambda: "")
         self._state = (time.monotonic(), None, False)
 
     def launched(self, device: torch.device) -> None:
@@ -63,6 +71,15 @@ class StepProgress:
         if state is None or state[2] or (state[1] is not None and state[1].query()):
             return 0.0
         return time.monotonic() - state[0]
+
+    def describe(self) -> str:
+        """The last step, for a failure message: its number, whether it reached the device, what it is."""
+        where = "queued on the device" if self._state is not None and self._state[1] is not None else "on the host"
+        try:
+            what = self._describe()
+        except Exception as error:  # noqa: BLE001 - a failure message must not fail
+            what = f"not described: {type(error).__name__}"
+        return f"step {self.steps} ({where}: {what})"
 
 
 class RankSupervisor:
@@ -123,4 +140,6 @@ class RankSupervisor:
                 worker.join(timeout=1.0)  # the exit code is read when the process is reaped
                 self.fail(f"rank {rank} exited with code {worker.exitcode}")
             elif self.progress.stalled_s() > self.timeout_s:
-                self.fail(f"a step has not finished on every rank after {self.timeout_s:.0f} s (a rank hangs)")
+                dump_stacks(worker.pid for worker in self.workers if worker.is_alive())
+                self.fail(f"{self.progress.describe()} has not finished on every rank after "
+                          f"{self.timeout_s:.0f} s (a rank hangs)")

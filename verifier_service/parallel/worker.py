@@ -4,10 +4,12 @@ Its whole life: join the process groups, build its shard's runner (the same star
 step with it: launch.py), then receive each step's batch and execute it, until rank 0 says stop; then drop
 its CUDA graphs and leave the process groups together with rank 0 (teardown.py). It never schedules,
 samples or talks gRPC. It exits non-zero on any error (rank 0's watch sees the exit and takes the verifier
-out) and as soon as rank 0's process ends, so no rank outlives the verifier.
+out) and as soon as rank 0's process ends, so no rank outlives the verifier. Its first steps wait for the
+device and are logged with their time (diagnostics.py): a step that never ends names itself.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -18,9 +20,12 @@ import torch
 import torch.distributed as dist
 
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.model_runner import resolve_device
+from verifier_service.engine.model_runner import ModelRunner, resolve_device
 from verifier_service.parallel.batch_codec import decode_batch
+from verifier_service.parallel.diagnostics import (FIRST_STEPS_LOGGED, describe_step, phase,
+                                                   register_stack_dump_signal)
 from verifier_service.parallel.launch import join_and_build, plan_shards
+from verifier_service.parallel.step_channel import Step
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
 
 logger = logging.getLogger(__name__)
@@ -28,8 +33,9 @@ logger = logging.getLogger(__name__)
 
 def run_worker(config: EngineConfig, drafts: bool, rank: int, store_port: int, num_threads: int) -> None:
     """The process target of rank `rank` (spawned by launch.start_tensor_parallel)."""
-    logging.basicConfig(level=logging.INFO,
+    logging.basicConfig(level=logging.INFO, force=True,  # spawn ran the parent's main module, which may set its own
                         format=f"%(asctime)s verifier rank {rank} %(levelname)s %(name)s: %(message)s")
+    register_stack_dump_signal()
     _exit_with_rank_0()
     torch.set_num_threads(num_threads)
     try:
@@ -50,10 +56,25 @@ def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> bo
     runner, channel = join_and_build(config, drafts, shard, store, device)
     logger.info("rank %d of %d ready", rank, size)
     with torch.inference_mode():
-        while (step := channel.receive()) is not None:
-            runner.execute(decode_batch(step.host, step.feedback))
+        for index in itertools.count(1):
+            if (step := channel.receive()) is None:
+                break
+            if index <= FIRST_STEPS_LOGGED:
+                _execute_logged(runner, step, rank, index)
+            else:
+                runner.execute(decode_batch(step.host, step.feedback))
+    logger.info("rank %d: stopping after %d steps", rank, index - 1)
     release_cuda_graphs(runner)
     return leave_process_groups()
+
+
+def _execute_logged(runner: ModelRunner, step: Step, rank: int, index: int) -> None:
+    """One of the first steps, waited for on the device inside a logged phase."""
+    batch = decode_batch(step.host, step.feedback)
+    with phase(rank, f"step {index} ({describe_step(batch, runner)})"):
+        runner.execute(batch)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
 
 
 def _exit_with_rank_0() -> None:

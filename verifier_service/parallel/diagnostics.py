@@ -1,0 +1,78 @@
+"""What a tensor-parallel verifier says about itself, so that a slow or stuck run shows where each rank is.
+
+A hang across processes is silent: every rank waits in a collective for another. So
+- every rank logs each start-up phase when it begins and ends (`phase`), and the first steps it runs;
+- SIGUSR1 makes a rank write the Python stacks of all its threads to stderr (every rank registers it:
+  `kill -USR1 <pid>` on a live verifier); rank 0's watch writes its own and signals every other rank when it
+  declares a step hung (supervisor.py);
+- with SPECD_TENSOR_PARALLEL_DUMP_S=S, a phase or one of the first steps that runs longer than S seconds
+  writes its rank's stacks every S seconds while it lasts (faulthandler), without any signal from outside.
+"""
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from verifier_service.engine.batch import ScheduledBatch
+
+logger = logging.getLogger(__name__)
+
+DUMP_ENV = "SPECD_TENSOR_PARALLEL_DUMP_S"
+FIRST_STEPS_LOGGED = 3  # steps each rank logs, with their kind (CUDA graph or eager) and their timing
+
+
+def dump_after_s() -> float | None:
+    """SPECD_TENSOR_PARALLEL_DUMP_S as seconds; None when unset or 0 (no timed stack dumps)."""
+    value = float(os.environ.get(DUMP_ENV) or 0)
+    if value < 0:
+        raise ValueError(f"{DUMP_ENV}: must be >= 0 (0 = off), got {value}")
+    return value or None
+
+
+def register_stack_dump_signal() -> None:
+    """SIGUSR1 writes this process's Python stacks (all threads) to stderr, even while the main thread waits
+    in native code (a collective, a device sync)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def dump_stacks(other_ranks: Iterable[int]) -> None:
+    """Writes this process's stacks to stderr and asks the processes `other_ranks` (pids) for theirs."""
+    faulthandler.dump_traceback(all_threads=True)
+    for pid in other_ranks:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+
+@contextmanager
+def phase(rank: int, name: str) -> Iterator[None]:
+    """Logs `name` on rank `rank` when it begins and ends (with its seconds); with SPECD_TENSOR_PARALLEL_DUMP_S,
+    writes the rank's stacks while it runs longer. Phases do not nest (faulthandler has one timer)."""
+    dump_s = dump_after_s()
+    logger.info("rank %d: %s ...", rank, name)
+    began = time.monotonic()
+    if dump_s is not None:
+        faulthandler.dump_traceback_later(dump_s, repeat=True)
+    try:
+        yield
+    except BaseException:
+        logger.error("rank %d: %s failed after %.2f s", rank, name, time.monotonic() - began)
+        raise
+    finally:
+        if dump_s is not None:
+            faulthandler.cancel_dump_traceback_later()
+    logger.info("rank %d: %s done in %.2f s", rank, name, time.monotonic() - began)
+
+
+def describe_step(batch: ScheduledBatch, runner) -> str:
+    """One line for a step: requests, tokens, whether a CUDA graph replays it (and which), the feedback."""
+    shape = runner.graphs.shape_for(batch) if runner.graphs is not None else None
+    kind = f"CUDA graph (bucket, width) = {shape}" if shape is not None else "eager"
+    feedback = "none" if batch.previous_result is None else tuple(batch.previous_result.shape)
+    return f"{len(batch.requests)} requests, {batch.num_tokens} tokens, {kind}, feedback {feedback}"
