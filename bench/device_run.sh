@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm]
-#                            [tptests] [tplatency] [tplatency70b] [tpthroughput]
+#                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
 # .device/old; nanovllm: specd's throughput (speculation off / on, async) alternating with nano-vllm's own
 # bench.py on the same workload and card (peers in .device/peers).
-# Tensor parallelism (issue 15; a machine of 2 or 4 GPUs, each part well under 10 minutes): tptests = the TP GPU
-# tests; tplatency = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4; tplatency70b = Llama-3-70B shapes at TP 4
-# with speculation on / off (weights drawn on each GPU, no checkpoint); tpthroughput = nano-vllm's workload at
-# TP 2 on a Qwen3-8B-shaped checkpoint, nano-vllm's own tp2 run first in the same call (.device/peers, a copy of
-# /work/shared/device/peers). NCCL's NVLink multicast stays off as the machine sets it (NCCL_NVLS_ENABLE=0).
+# Tensor parallelism (issue 15; a machine of 2 or 4 GPUs; each part has its own time limit, see tp_run):
+# tpsmoke = the cheapest check, a small random Llama at TP 2 three times (eager; CUDA graphs without compile;
+# compiled + graphs as the verifier runs), each phase timed (bench/gpu_tp.py smoke), ~2-3 min in all;
+# tptests = the TP GPU tests (~5 min: five model builds, four compiled anew); tplatency1 / tplatency2 /
+# tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2 min each; tplatency = all three), rows
+# collected in one table across parts;
+# tplatency70b = Llama-3-70B shapes at TP 4 with speculation on / off (weights drawn on each GPU, no checkpoint);
+# tpthroughput = nano-vllm's workload at TP 2 on a Qwen3-8B-shaped checkpoint, nano-vllm's own tp2 run first in
+# the same call (.device/peers, a copy of /work/shared/device/peers). NCCL's NVLink multicast stays off as the
+# machine sets it (NCCL_NVLS_ENABLE=0).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -19,6 +24,27 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl 
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
 models() { for p in "$@"; do [ -d "/tmp/models/$p" ] || python3 bench/make_random_model.py "$p" "/tmp/models/$p" >/dev/null; done; }
+# tp_run LIMIT NAME CMD...: one tensor-parallel command, in its own process group, output in $OUT/NAME.log (its
+# tail printed). It runs with NCCL's warnings on, every rank logging its start-up phases and first steps, and
+# writing its Python stacks when one of those takes over 60 s (SPECD_TENSOR_PARALLEL_DUMP_S) or rank 0 declares
+# a step hung after 120 s (SPECD_TENSOR_PARALLEL_TIMEOUT_S). Past LIMIT seconds every rank writes its stacks
+# (SIGUSR1 to ranks 1..N-1; SIGABRT to rank 0, whose faulthandler writes them) and the group is killed.
+tp_run() {
+  local limit=$1 name=$2; shift 2
+  local log="$OUT/$name.log" began=$SECONDS
+  : >"$log"  # appended to by every writer below (the ranks, the time limit's note)
+  NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1 SPECD_TENSOR_PARALLEL_DUMP_S=${SPECD_TENSOR_PARALLEL_DUMP_S:-60} \
+    SPECD_TENSOR_PARALLEL_TIMEOUT_S=${SPECD_TENSOR_PARALLEL_TIMEOUT_S:-120} setsid "$@" >>"$log" 2>&1 &
+  local pid=$!
+  ( sleep "$limit"; echo "tp_run: $name still running after $limit s: every rank's stacks follow" >>"$log"
+    pkill -USR1 -P "$pid" -f spawn_main; sleep 3; kill -ABRT "$pid"; sleep 10; kill -KILL -- "-$pid" ) 2>/dev/null &
+  local watch=$!
+  wait "$pid"; local code=$?
+  kill "$watch" 2>/dev/null
+  echo "$name: exit code $code after $((SECONDS - began)) s ($log)"
+  tail -n "${TAIL:-25}" "$log"
+}
+tp_latency() { tp_run 270 "tp_latency_tp$1" python3 bench/gpu_tp.py latency qwen3-8b --tp "$1" --rows "$OUT/tp_latency_rows.jsonl"; }
 for part in "$@"; do
   case $part in
     tests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu tests/engine_model/test_flash_attention.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
@@ -38,10 +64,14 @@ for part in "$@"; do
         python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
       done ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
-    tptests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_tensor_parallel.py 2>&1 | tee "$OUT/tp_tests.log" | tail -15 ;;
-    tplatency) python3 bench/gpu_tp.py latency qwen3-8b --tp 1,2,4 2>&1 | tee "$OUT/tp_latency.log" | tail -7 ;;
-    tplatency70b) python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation 2>&1 | tee "$OUT/tp_latency70b.log" | tail -5 ;;
+    tpsmoke) TAIL=12 tp_run 90 tp_smoke_eager python3 bench/gpu_tp.py smoke eager --tp 2
+      TAIL=12 tp_run 120 tp_smoke_graphs python3 bench/gpu_tp.py smoke graphs --tp 2
+      TAIL=12 tp_run 180 tp_smoke_compiled python3 bench/gpu_tp.py smoke compiled --tp 2 ;;
+    tptests) TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO tests/gpu/test_tensor_parallel.py ;;
+    tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
+    tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
+    tplatency70b) tp_run 300 tp_latency70b python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation --rows "$OUT/tp_latency_rows.jsonl" ;;
     tpthroughput) models qwen3-8b && bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-8b tp2 2>&1 | tee "$OUT/nano_tp2.log" | tail -3
-      python3 bench/gpu_tp.py throughput /tmp/models/qwen3-8b --tp 2 --num-seqs 128 --peer-log "$OUT/nano_tp2.log" 2>&1 | tee "$OUT/tp_throughput.log" | tail -5 ;;
+      tp_run 420 tp_throughput python3 bench/gpu_tp.py throughput /tmp/models/qwen3-8b --tp 2 --num-seqs 128 --peer-log "$OUT/nano_tp2.log" ;;
   esac
 done

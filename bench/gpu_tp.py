@@ -1,8 +1,16 @@
-"""Tensor parallelism on the GPU: batch-1 steps at TP = 1 / 2 / 4, and throughput on nano-vllm's workload.
+"""Tensor parallelism on the GPU: a smoke run, batch-1 steps at TP = 1 / 2 / 4, and throughput on nano-vllm's workload.
 
 Usage:
-  python bench/gpu_tp.py latency PRESET [--tp 1,2,4] [--tokens 128] [--speculation]
+  python bench/gpu_tp.py smoke eager|graphs|compiled [--tp 2]
+  python bench/gpu_tp.py latency PRESET [--tp 1,2,4] [--tokens 128] [--speculation] [--rows ROWS.jsonl]
   python bench/gpu_tp.py throughput MODEL_DIR [--tp 2] [--num-seqs 128] [--peer-log NANO_TP_LOG]
+
+smoke: the cheapest run that says which phase of a TP run stops, on a small random Llama (weights drawn on each
+GPU): start-up (process groups, load, KV cache, then CUDA graph capture in graphs / compiled, and torch.compile in
+compiled), one request's prefill and decode steps, the same with k = 4 drafts (verify steps, the step in flight's
+result sent to the other ranks), three requests at once, then close (every rank drops its graphs and leaves the
+process groups). Each phase prints its seconds as it ends; eager = no graphs, no compile (NCCL and the step
+channel alone); graphs = captured steps with NCCL inside, no compile; compiled = as the verifier runs.
 
 latency: PRESET is one of bench/make_random_model.py's (qwen3-8b, llama3-70b, ...). Only its config.json is
 written; each rank draws its shard's weights on its own GPU (EngineConfig.random_weights), so Llama-3-70B needs
@@ -21,10 +29,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import re
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,11 +97,49 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         if speculation:
             _, seconds, steps = generate(Engine(config, ReplayDrafts(continuation), runner), tokens, K)
             row["replayed_ms_per_token"], row["tokens_per_step"] = seconds * 1e3 / (tokens - 1), (tokens - 1) / steps
+        print(json.dumps(row), flush=True)  # before close: the numbers stand whatever the teardown does
     finally:
         runner.close()
         release_memory()
-    print(json.dumps(row), flush=True)
     return row
+
+
+def smoke(mode: str, tp: int) -> dict:
+    """The smoke run of the module docstring; prints each phase as it ends, returns {phase: seconds}."""
+    from transformers import LlamaConfig
+
+    folder = Path(tempfile.mkdtemp(prefix="specd-tp-smoke-"))
+    LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                num_key_value_heads=8, max_position_embeddings=4096, torch_dtype="bfloat16").save_pretrained(folder)
+    config = EngineConfig(model=str(folder), device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=256 << 20,
+                          max_num_seqs=4, max_model_len=2048, num_speculative_tokens=K, max_speculative_tokens=K,
+                          adaptive_drafting=False, enable_prefix_caching=False, tensor_parallel_size=tp,
+                          random_weights=True, enforce_eager=mode == "eager", compile_model=mode == "compiled")
+    seconds: dict[str, float] = {}
+
+    @contextmanager
+    def timed(name: str):
+        print(f"smoke {mode} tp={tp}: {name} ...", flush=True)
+        began = time.perf_counter()
+        yield
+        seconds[name] = time.perf_counter() - began
+        print(f"smoke {mode} tp={tp}: {name} done in {seconds[name]:.2f} s", flush=True)
+
+    with timed("start-up"):
+        runner = build_model_runner(config)
+    try:
+        with timed("1 request: prefill + 31 decode steps"):
+            generate(Engine(config, None, runner), 32)
+        with timed("1 request with k = 4 drafts: prefill + 32 verify steps"):
+            generate(Engine(config, FixedDrafts(), runner), 32, K)
+        with timed("3 requests with drafts: prefills + verify steps"):
+            prompts, _ = workload(3)
+            run(Engine(config, FixedDrafts(), runner), [p[:300] for p in prompts], [24] * 3)
+    finally:
+        with timed("close"):
+            runner.close()
+    print(json.dumps({"smoke": mode, "tp": tp, **{name: round(s, 3) for name, s in seconds.items()}}), flush=True)
+    return seconds
 
 
 def throughput_row(model_dir: Path, tp: int, num_seqs: int) -> dict:
@@ -108,13 +156,13 @@ def throughput_row(model_dir: Path, tp: int, num_seqs: int) -> dict:
         gc.collect()
         gc.freeze()  # as the verifier does after its warm-up
         seconds, produced = run(engine, prompts, max_tokens)
+        row = {"model": model_dir.name, "tp": tp, "num_seqs": num_seqs, "seconds": seconds, "output_tokens": produced,
+               "tok_per_s": produced / seconds, "start_s": start_s}
+        print(json.dumps(row), flush=True)  # before close: the numbers stand whatever the teardown does
     finally:
         engine.runner.close()
         gc.unfreeze()
         release_memory()
-    row = {"model": model_dir.name, "tp": tp, "num_seqs": num_seqs, "seconds": seconds, "output_tokens": produced,
-           "tok_per_s": produced / seconds, "start_s": start_s}
-    print(json.dumps(row), flush=True)
     return row
 
 
@@ -174,20 +222,35 @@ def print_throughput(rows: list[dict], card: str, peer_log: Path | None) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("part", choices=("latency", "throughput"))
-    parser.add_argument("model", help="latency: a make_random_model.py preset; throughput: a checkpoint folder")
-    parser.add_argument("--tp", default=None, help="comma-separated TP sizes (latency: 1,2,4; throughput: 2)")
+    parser.add_argument("part", choices=("smoke", "latency", "throughput"))
+    parser.add_argument("model", help="smoke: eager, graphs or compiled; latency: a make_random_model.py preset; "
+                                      "throughput: a checkpoint folder")
+    parser.add_argument("--tp", default=None, help="comma-separated TP sizes (smoke: 2; latency: 1,2,4; throughput: 2)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--speculation", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=128)
     parser.add_argument("--peer-log", type=Path, default=None)
+    parser.add_argument("--rows", type=Path, default=None,
+                        help="latency: append each row to this JSON-lines file and print the table of all its rows "
+                             "(one table from several runs of one call, e.g. one TP size per run)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO,  # rank 0's start-up phases and first steps, as the other ranks log theirs
+                        format="%(asctime)s verifier rank 0 %(levelname)s %(name)s: %(message)s")
     card = torch.cuda.get_device_name()
-    if args.part == "latency":
+    if args.part == "smoke":
+        if args.model not in ("eager", "graphs", "compiled"):
+            parser.error(f"smoke: the mode is eager, graphs or compiled, not {args.model!r}")
+        for tp in [int(t) for t in (args.tp or "2").split(",")]:
+            smoke(args.model, tp)
+    elif args.part == "latency":
         sizes = [int(t) for t in (args.tp or "1,2,4").split(",") if int(t) <= torch.cuda.device_count()]
         bandwidth = copy_bandwidth()
         model_dir = write_config(args.model)
         rows = [latency_row(args.model, model_dir, tp, args.tokens, bandwidth, args.speculation) for tp in sizes]
+        if args.rows is not None:
+            with args.rows.open("a") as file:
+                file.writelines(json.dumps(row) + "\n" for row in rows)
+            rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
         print_latency(rows, card, bandwidth)
     else:
         sizes = [int(t) for t in (args.tp or "2").split(",")]
