@@ -46,6 +46,7 @@ class ParallelRunner:
     def __init__(self, local: ModelRunner, channel: StepChannel, supervisor: RankSupervisor) -> None:
         self.local, self.channel, self.supervisor = local, channel, supervisor
         self.tensor_parallel_size = len(supervisor.workers) + 1
+        self._closed = False
 
     def __getattr__(self, name: str):  # only called for names the instance itself lacks
         if name == "local":  # not set yet
@@ -95,7 +96,10 @@ class ParallelRunner:
 
     def close(self) -> None:
         """Stops the other ranks and leaves the process groups with them; after a rank failure, kills them and
-        aborts the groups. Returns within a bounded time either way (teardown.py)."""
+        aborts the groups. Returns within a bounded time either way (teardown.py); a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         healthy = self.supervisor.failure is None
         self.supervisor.stop_watching()  # the other ranks now exit by design
         if healthy:
