@@ -6,11 +6,10 @@ TCPStore on loopback (all ranks live on one host):
 - the default group, for the forward's collectives and the step feedback: NCCL on CUDA, gloo on the CPU;
 - a gloo group for the step inputs rank 0 sends from its host (step_channel.py), with a timeout long
   enough for an idle verifier (the other ranks wait in it between requests).
-A one-element all-reduce on the default group and a barrier on the gloo group check both before anything
-heavy runs (a broken NCCL set-up fails or hangs there, not in the middle of the model). Then every rank
-builds its runner the same way (engine.build_model_runner with its shard: load, KV cache, compile, CUDA
-graph capture), in step, because those contain collectives. Each phase is logged on every rank
-(diagnostics.py).
+A one-element all-reduce on each group checks both before anything heavy runs (a broken NCCL set-up fails
+or hangs there, not in the middle of the model). Then every rank builds its runner the same way
+(engine.build_model_runner with its shard: load, KV cache, compile, CUDA graph capture), in step, because
+those contain collectives. Each phase is logged on every rank (diagnostics.py).
 """
 from __future__ import annotations
 
@@ -107,8 +106,8 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
 
 
 def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.device) -> dist.ProcessGroup:
-    """Joins the default group (NCCL on CUDA, gloo on the CPU), checks it with an all-reduce, and returns the
-    gloo group for step inputs (checked with a barrier)."""
+    """Joins the default group (NCCL on CUDA, gloo on the CPU) and the gloo group for step inputs (returned),
+    each checked with a one-element all-reduce."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # rank r drives GPU r; "cuda" means it from here on
@@ -116,10 +115,15 @@ def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.d
         dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    host_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    _check_all_reduce(None, device, size)  # NCCL's first collective, outside any CUDA graph capture
+    _check_all_reduce(host_group, torch.device("cpu"), size)
+    return host_group
+
+
+def _check_all_reduce(group: dist.ProcessGroup | None, device: torch.device, size: int) -> None:
+    """Sums a one from every rank of group (None: the default group) on device; raises unless it gives size."""
     ones = torch.ones(1, dtype=torch.int64, device=device)
-    dist.all_reduce(ones)  # NCCL's first collective, outside any CUDA graph capture
+    dist.all_reduce(ones, group=group)
     if (total := int(ones.item())) != size:
         raise RuntimeError(f"tensor parallelism: a check all-reduce of ones over {size} ranks gave {total}")
-    host_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    dist.barrier(group=host_group)
-    return host_group
