@@ -7,10 +7,12 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from engine_model.checkpoints import save_tiny_checkpoint
 from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.engine import build_model_runner
 from verifier_service.parallel import teardown
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
@@ -60,16 +62,17 @@ class RecordingGraph:
 
 def test_every_captured_graph_is_reset_and_dropped():
     log: list[str] = []
-
-    class Graphs:  # GraphedSteps' layout: (bucket, width) -> (graph, its static outputs)
-        _graphs = {(1, 1): (RecordingGraph(log, "1x1"), None), (4, 5): (RecordingGraph(log, "4x5"), None)}
+    graphs = GraphedSteps(None, block_size=16, scratch_block=9, max_batch=4, widths=[1, 5], max_model_len=64,
+                          device=torch.device("cpu"))  # nothing captured on the CPU: graphs put in by hand
+    graphs._graphs = {(1, 1): (RecordingGraph(log, "1x1"), None), (4, 5): (RecordingGraph(log, "4x5"), None)}
 
     class Runner:
-        graphs = Graphs()
+        device = torch.device("cpu")
 
     runner = Runner()
+    runner.graphs = graphs
     release_cuda_graphs(runner, synchronize=False)
-    assert sorted(log) == ["1x1", "4x5"]
+    assert sorted(log) == ["1x1", "4x5"] and not graphs._graphs
     assert runner.graphs is None
     release_cuda_graphs(runner, synchronize=False)  # nothing left to release: a no-op
 

@@ -156,6 +156,13 @@ class GraphedSteps:
         host, _ = pack_graph_inputs([], batch, width, self.geometry, pin_memory=False)
         self._inputs[:host.shape[0]].copy_(host)
 
+    def release(self) -> None:
+        """Resets and drops every captured graph (none may be replayed after). Tensor parallelism needs it
+        before leaving its process groups: NCCL waits for every graph holding its collectives to go."""
+        for graph, _ in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+
     # -- replay -----------------------------------------------------------------------------------
 
     def shape_for(self, batch: ScheduledBatch) -> tuple[int, int] | None:

@@ -32,9 +32,7 @@ def release_cuda_graphs(runner, synchronize: bool = True) -> None:
         return
     if synchronize:
         torch.cuda.synchronize(runner.device)
-    for graph, _ in graphs._graphs.values():  # GraphedSteps' captured (bucket, width) graphs
-        graph.reset()
-    graphs._graphs.clear()
+    graphs.release()
 
 
 def leave_process_groups(healthy: bool = True, timeout_s: float = LEAVE_TIMEOUT_S) -> bool:
