@@ -61,7 +61,8 @@ def test_a_full_queue_answers_resource_exhausted_and_429_and_the_rest_complete(s
     with httpx.Client(timeout=60) as client:
         over_http = [http_completion(client, small_stack.http_url, p) for p in PROMPTS]
     report = load_report(verifier)
-    assert (report.num_running, report.num_waiting) == (1, MAX_WAITING_REQUESTS), "the queue moved"
+    assert (report.num_running, report.num_waiting) == (1, MAX_WAITING_REQUESTS), \
+        f"the queue moved: {report}\n{small_stack.logs()}"
 
     for call in [runner, *queued]:
         call.cancel()
