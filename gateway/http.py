@@ -111,7 +111,7 @@ async def _parse(request: Request, schema):
 async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, timeout: float | None):
     body = await _parse(request, schema)
     pipeline.check_model(body.model)
-    generation = pipeline.validate(body.request_fields())
+    generation = await pipeline.validate(body.request_fields())
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
     chunks = pipeline.generate(generation, deadline)

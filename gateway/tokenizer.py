@@ -24,8 +24,8 @@ class Tokenizer:
             raise ValueError(f"model: {self.model_path} has no fast tokenizer (tokenizer.json)")
         self.vocab_size = len(self.hf)
         self.eos_token_ids = _eos_token_ids(self.model_path, self.hf)
-        # A copy of the Rust tokenizer that reads special-token text as plain text. Its encode releases
-        # the GIL, so tokenizing on a worker thread leaves the event loop free.
+        # A copy of the Rust tokenizer that reads special-token text as plain text. Its encode_batch
+        # releases the GIL (encode does not), so tokenizing on a worker thread leaves the event loop free.
         self._text_encoder = tokenizers.Tokenizer.from_str(self.backend.to_str())
         self._text_encoder.encode_special_tokens = True
         self.special_tokens = {token.content: token_id for token_id, token in self.hf.added_tokens_decoder.items()
@@ -45,7 +45,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain prompt, with the special tokens the tokenizer adds (e.g. BOS); special-token
         text in `text` stays text."""
-        return self._text_encoder.encode(text, add_special_tokens=True).ids
+        return self._text_encoder.encode_batch([text], add_special_tokens=True)[0].ids
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation rendered by the model's chat template, ready for the reply.
@@ -54,12 +54,12 @@ class Tokenizer:
         special-token text inside the messages stays text."""
         if self.hf.chat_template is None:
             raise ValueError("the model has no chat template; use /v1/completions")
+        segments = render_segments(self._render, messages, self.special_tokens)
+        texts = iter(self._text_encoder.encode_batch([s for s in segments if isinstance(s, str)],
+                                                    add_special_tokens=False))
         ids: list[int] = []
-        for segment in render_segments(self._render, messages, self.special_tokens):
-            if isinstance(segment, int):
-                ids.append(segment)
-            else:
-                ids += self._text_encoder.encode(segment, add_special_tokens=False).ids
+        for segment in segments:
+            ids += [segment] if isinstance(segment, int) else next(texts).ids
         return ids
 
     def _render(self, messages: list[dict]) -> str:

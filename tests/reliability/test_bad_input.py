@@ -45,7 +45,7 @@ HTTP_CASES = [
     ({"model": "default", "prompt": "Hi", "top_k": -3}, "top_k"),
     ({"model": "default", "prompt": "Hi", "top_k": 10**12}, "top_k"),
     ({"model": "default", "prompt": "Hi", "num_speculative_tokens": 10**12}, "num_speculative_tokens"),
-    ({"model": "default", "prompt": [1, VOCAB + 5]}, "prompt_token_ids"),
+    ({"model": "default", "prompt": [1, VOCAB + 5]}, "prompt"),
     ({"model": "default", "prompt": "Hi", "max_tokens": "many"}, "max_tokens"),
     ({"model": "gpt-5", "prompt": "Hi"}, "model"),
     ({"prompt": "Hi"}, "model"),

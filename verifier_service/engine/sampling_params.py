@@ -49,7 +49,7 @@ class SamplingParams:
 
 def _float32(value: float) -> float:
     try:
-        return struct.unpack("f", struct.pack("f", value))[0]
+        return struct.unpack("f", struct.pack("f", value))[0]  # inf above float32's range
     except OverflowError:
         return float("inf")
 
