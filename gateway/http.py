@@ -17,21 +17,13 @@ from starlette.exceptions import HTTPException
 
 from gateway import openai_responses as responses
 from gateway.auth import OPEN_HTTP_PATHS, bearer_matches
-from gateway.http_body import BodyTooLarge, read_json_object
+from gateway.http_body import read_json_object
+from gateway.http_errors import ClientGone, install_error_handlers
 from gateway.openai_schema import ChatCompletionBody, CompletionBody, parse_body
 from gateway.openai_unsupported import without_unsupported
 from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
-from gateway.validation import RequestError
-
-
-# HTTP statuses the app answers itself -> (OpenAI error type, grpc code name it is counted as)
-_ROUTING_ERRORS = {404: ("not_found_error", "NOT_FOUND"), 405: ("invalid_request_error", "UNIMPLEMENTED")}
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its response was ready."""
 
 
 def create_app(pipeline: Pipeline, api_key: str | None = None,
@@ -48,37 +40,7 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
         pipeline.metrics.count_rejected("UNAUTHENTICATED")
         return JSONResponse(responses.error_body("missing or wrong API key", "authentication_error"), 401)
 
-    @app.exception_handler(RequestError)
-    async def bad_request(_request: Request, error: RequestError):
-        pipeline.metrics.count_rejected("INVALID_ARGUMENT")
-        return JSONResponse(responses.error_body(error.message, "invalid_request_error", error.field), 400)
-
-    @app.exception_handler(BodyTooLarge)
-    async def too_large(_request: Request, error: BodyTooLarge):
-        pipeline.metrics.count_rejected("RESOURCE_EXHAUSTED")  # what gRPC answers to an oversized message
-        return JSONResponse(responses.error_body(error.message, "invalid_request_error", "body"), 413)
-
-    @app.exception_handler(HTTPException)
-    async def no_such_route(request: Request, error: HTTPException):
-        error_type, code = _ROUTING_ERRORS.get(error.status_code, ("invalid_request_error", "INVALID_ARGUMENT"))
-        pipeline.metrics.count_rejected(code)
-        message = f"{request.method} {request.url.path}: {error.detail}"
-        return JSONResponse(responses.error_body(message, error_type), error.status_code, headers=error.headers)
-
-    @app.exception_handler(Exception)
-    async def server_error(_request: Request, error: Exception):
-        """A bug: logged with its traceback (by Starlette), answered without one."""
-        pipeline.metrics.count_rejected("INTERNAL")
-        return JSONResponse(responses.error_body("internal error", "server_error"), 500)
-
-    @app.exception_handler(UpstreamError)
-    async def upstream_failed(_request: Request, error: UpstreamError):
-        status, error_type = responses.status_for(error.code)
-        return JSONResponse(responses.error_body(error.message, error_type), status)
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(_request: Request, _error: ClientGone):
-        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+    install_error_handlers(app, pipeline.metrics)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
