@@ -129,6 +129,8 @@ def _message(error: dict) -> str:
         return "is not a parameter of this endpoint"
     if error["type"] == "missing":
         return "is required"
+    if error.get("input", ...) is None:
+        return "must not be null"
     return error["msg"][:1].lower() + error["msg"][1:]
 
 

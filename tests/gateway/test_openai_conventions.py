@@ -98,6 +98,12 @@ async def test_bad_chat_messages_are_400s_naming_the_part(client, stack, message
     assert "dict object" not in error["message"]  # no template internals
 
 
+async def test_null_content_says_so_instead_of_a_template_error(client, stack):
+    error = await refused(client, stack, "/v1/chat/completions", {"model": "default", "messages": [
+        {"role": "user", "content": None}]})
+    assert error["message"] == "messages[0].content: must not be null"
+
+
 async def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_it(client, stack):
     body = b'{"model": "default", "prompt": "abc \\ud800 def"}'
     before = errors_counted(stack, "INVALID_ARGUMENT")
