@@ -1,32 +1,29 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health, metrics.
 
-Bodies are parsed here (content type, JSON, types); ranges are checked by the shared validation; the
-pipeline does the rest. A client that disconnects cancels its request, and with it the verifier call.
+Bodies are read by gateway/http_body.py and typed by gateway/openai_schema.py; ranges are checked by the
+shared validation; the pipeline does the rest. A client that disconnects cancels its request, and with it
+the verifier call. Every error is an OpenAI error object, counted in specd_request_errors_total by the
+grpc code of the same meaning.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
+
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from gateway import openai_responses as responses
 from gateway.auth import OPEN_HTTP_PATHS, bearer_matches
-from gateway.openai_schema import ChatCompletionBody, CompletionBody
+from gateway.http_body import read_json_object
+from gateway.http_errors import ClientGone, install_error_handlers
+from gateway.openai_schema import ChatCompletionBody, CompletionBody, parse_body
+from gateway.openai_unsupported import without_unsupported
 from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
-from gateway.validation import RequestError
-from specd.serving import MAX_MESSAGE_BYTES
-
-MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same ceiling as a gRPC message
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its response was ready."""
 
 
 def create_app(pipeline: Pipeline, api_key: str | None = None,
@@ -43,19 +40,7 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
         pipeline.metrics.count_rejected("UNAUTHENTICATED")
         return JSONResponse(responses.error_body("missing or wrong API key", "authentication_error"), 401)
 
-    @app.exception_handler(RequestError)
-    async def bad_request(_request: Request, error: RequestError):
-        pipeline.metrics.count_rejected("INVALID_ARGUMENT")
-        return JSONResponse(responses.error_body(error.message, "invalid_request_error", error.field), 400)
-
-    @app.exception_handler(UpstreamError)
-    async def upstream_failed(_request: Request, error: UpstreamError):
-        status, error_type = responses.status_for(error.code)
-        return JSONResponse(responses.error_body(error.message, error_type), status)
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(_request: Request, _error: ClientGone):
-        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+    install_error_handlers(app, pipeline.metrics)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -67,9 +52,13 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
 
     @app.get("/v1/models")
     async def models():
-        model = {"id": pipeline.model_name, "object": "model", "created": 0, "owned_by": "specd",
-                 "max_model_len": pipeline.max_model_len()}
-        return {"object": "list", "data": [model]}
+        return {"object": "list", "data": [_model_card(pipeline)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id not in pipeline.served_model_names:
+            raise HTTPException(404, f"no model {model_id!r}; this server serves {pipeline.model_name!r}")
+        return _model_card(pipeline)
 
     @app.get("/health")
     async def health():
@@ -87,31 +76,16 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
     return app
 
 
-async def _parse(request: Request, schema):
-    """The body as `schema`; RequestError naming the field on a wrong content type, bad JSON or types."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise RequestError("content-type", "must be application/json")
-    size = request.headers.get("content-length", "0")
-    if not size.isdigit() or int(size) > MAX_BODY_BYTES:  # refused before a byte of it is read
-        raise RequestError("body", f"is {size} bytes; at most {MAX_BODY_BYTES} are accepted")
-    try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise RequestError("body", f"malformed JSON: {error}") from error
-    if not isinstance(data, dict):
-        raise RequestError("body", "must be a JSON object")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise RequestError(field, first["msg"]) from error
+def _model_card(pipeline: Pipeline) -> dict:
+    return {"id": pipeline.model_name, "object": "model", "created": 0, "owned_by": "specd",
+            "max_model_len": pipeline.max_model_len()}
 
 
 async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, timeout: float | None):
-    body = await _parse(request, schema)
+    data = await read_json_object(request, pipeline.max_body_bytes())
+    body = parse_body(schema, without_unsupported(data))
     pipeline.check_model(body.model)
-    generation = pipeline.validate(body.request_fields())
+    generation = await pipeline.validate(body.request_fields())
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
     chunks = pipeline.generate(generation, deadline)

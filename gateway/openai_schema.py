@@ -1,21 +1,28 @@
-"""The OpenAI request bodies the HTTP API accepts (types only; ranges are checked in validation.py)."""
+"""The OpenAI request bodies the HTTP API accepts (types only; ranges are checked in validation.py).
+
+Types are strict, as OpenAI's are: "4" is no integer and "yes" no boolean. A field the body does not
+know is refused naming it (gateway/openai_unsupported.py says which OpenAI parameters are not built).
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.validation import RequestError, RequestFields
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
 
-class StreamOptions(BaseModel):
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _SamplingBody(BaseModel):
-    # Unknown OpenAI fields (user, logit_bias, ...) are accepted and ignored, as vLLM does.
-    model_config = ConfigDict(extra="ignore")
-
+class _SamplingBody(_Strict):
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -24,19 +31,20 @@ class _SamplingBody(BaseModel):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
+    n: int | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None
     num_speculative_tokens: int | None = None  # specd extension: 0 = speculation off
+    user: str | None = None  # identifies the end user to OpenAI's abuse monitoring; nothing to do here
 
     def sampling_fields(self) -> dict[str, Any]:
-        if self.n != 1:
+        if self.n not in (None, 1):
             raise RequestError("n", "only n = 1 is supported")
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
-                    ignore_eos=self.ignore_eos, num_speculative_tokens=self.num_speculative_tokens)
+                    ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens)
 
     @property
     def include_usage(self) -> bool:
@@ -54,23 +62,29 @@ class CompletionBody(_SamplingBody):
             if len(prompt) != 1:
                 raise RequestError("prompt", "batches of prompts are not supported; send one prompt")
             prompt = prompt[0]
+        fields = self.sampling_fields()
+        defaults = dict(default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                        client_names={"prompt_token_ids": "prompt"})
         if isinstance(prompt, str):
-            return RequestFields(prompt=prompt, **self.sampling_fields())
-        return RequestFields(prompt_token_ids=list(prompt), **self.sampling_fields())
+            return RequestFields(prompt=prompt, **fields, **defaults)
+        return RequestFields(prompt_token_ids=list(prompt), **fields, **defaults)
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... pass through to the template
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
 
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it; content parts are joined into one text."""
         message = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            message["content"] = "".join(part.get("text", "") for part in self.content
-                                         if part.get("type") == "text")
+            message["content"] = "".join(part.text for part in self.content)
         return message
 
 
@@ -78,10 +92,47 @@ class ChatCompletionBody(_SamplingBody):
     """POST /v1/chat/completions: a conversation rendered with the model's chat template."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(default=None)  # the newer OpenAI name of max_tokens
+    max_completion_tokens: int | None = None  # the current OpenAI name of max_tokens; wins over it
 
     def request_fields(self) -> RequestFields:
         fields = self.sampling_fields()
-        if fields["max_tokens"] is None:
-            fields["max_tokens"] = self.max_completion_tokens
-        return RequestFields(messages=[m.for_template() for m in self.messages], **fields)
+        names = {}
+        if self.max_completion_tokens is not None:
+            fields["max_tokens"], names["max_tokens"] = self.max_completion_tokens, "max_completion_tokens"
+        return RequestFields(messages=[m.for_template() for m in self.messages], client_names=names, **fields)
+
+
+def parse_body(schema: type[_SamplingBody], data: dict) -> _SamplingBody:
+    """`data` as `schema`; RequestError naming the field (`messages[0].content`) on a wrong type."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as error:
+        # Of a union's alternatives, the one that got furthest says best what is wrong.
+        worst = max(error.errors(), key=lambda e: len(e["loc"]))
+        raise RequestError(_param(worst), _message(worst)) from None
+
+
+def _param(error: dict) -> str:
+    """pydantic's location as OpenAI names a parameter: field names and [indexes], no union tags."""
+    loc, param = error["loc"], ""
+    for index, part in enumerate(loc):
+        unknown_field = error["type"] == "extra_forbidden" and index == len(loc) - 1
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in _FIELD_NAMES or unknown_field:
+            param += f".{part}" if param else part
+    return param or "body"
+
+
+def _message(error: dict) -> str:
+    if error["type"] == "extra_forbidden":
+        return "is not a parameter of this endpoint"
+    if error["type"] == "missing":
+        return "is required"
+    if error.get("input", ...) is None:
+        return "must not be null"
+    return error["msg"][:1].lower() + error["msg"][1:]
+
+
+_FIELD_NAMES = {name for model in (CompletionBody, ChatCompletionBody, ChatMessage, TextPart, StreamOptions)
+                for name in model.model_fields}

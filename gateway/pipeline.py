@@ -4,6 +4,7 @@ Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call thi
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -19,8 +20,13 @@ from gateway.stats import RequestStats
 from gateway.stop import StopStringMatcher
 from gateway.tokenizer import Tokenizer
 from gateway.validation import RequestFields, validate, validate_model_name
+from specd.serving import MAX_MESSAGE_BYTES
 
 logger = logging.getLogger(__name__)
+
+# JSON may spend up to 6 bytes on a byte of text ("\u0001"); the rest of a body is small.
+_JSON_BYTES_PER_TEXT_BYTE = 6
+_BODY_OVERHEAD_BYTES = 2**20
 
 
 class Pipeline:
@@ -39,16 +45,25 @@ class Pipeline:
     @property
     def served_model_names(self) -> tuple[str, ...]:
         """Names the HTTP `model` field accepts: the served name, the folder name, and "default"."""
-        names = [self.model_name, self.tokenizer.model_path.name, str(self.tokenizer.model_path), "default"]
+        names = [self.model_name, self.tokenizer.model_path.name, "default"]
         reported = {r.load.model for r in self.router.replicas if r.load.model}
         return tuple(dict.fromkeys([*names, *sorted(reported)]))
 
     def max_model_len(self) -> int:
         return self.router.max_model_len() or self._model_max_len
 
-    def validate(self, fields: RequestFields) -> GenerationRequest:
-        """The validated request; raises RequestError naming the bad field."""
-        return validate(fields, self.tokenizer, self.max_model_len())
+    def max_body_bytes(self) -> int:
+        """The largest HTTP body worth reading: one holding as much text as the context can (gRPC's
+        message cap at most)."""
+        text_bytes = self.tokenizer.max_token_bytes * self.max_model_len()
+        return min(MAX_MESSAGE_BYTES, _BODY_OVERHEAD_BYTES + _JSON_BYTES_PER_TEXT_BYTE * text_bytes)
+
+    async def validate(self, fields: RequestFields) -> GenerationRequest:
+        """The validated request; raises RequestError naming the bad field.
+
+        Tokenizing runs on a worker thread (the tokenizer releases the GIL), so a long prompt does not
+        hold up the event loop and every other request on it."""
+        return await asyncio.to_thread(validate, fields, self.tokenizer, self.max_model_len())
 
     def check_model(self, model: str | None) -> None:
         """Raises RequestError when the HTTP `model` field names a model not served here."""

@@ -21,7 +21,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         try:
-            generation = self.pipeline.validate(convert.fields_from_generate_request(request))
+            generation = await self.pipeline.validate(convert.fields_from_generate_request(request))
         except RequestError as error:
             self.pipeline.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)

@@ -1,10 +1,17 @@
-"""The served model's tokenizer: prompts and chat messages to token ids, and its end-of-sequence ids."""
+"""The served model's tokenizer: prompts and chat messages to token ids, and its end-of-sequence ids.
+
+Client text is never parsed into special tokens: `<|im_end|>` typed into a message is the text
+"<|im_end|>", not a role marker. Only the chat template's own markers become special tokens
+(gateway/chat_segments.py splits a rendered conversation into the two).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import tokenizers
 from transformers import AutoTokenizer, GenerationConfig
+
+from gateway.chat_segments import render_segments
 
 
 class Tokenizer:
@@ -17,10 +24,18 @@ class Tokenizer:
             raise ValueError(f"model: {self.model_path} has no fast tokenizer (tokenizer.json)")
         self.vocab_size = len(self.hf)
         self.eos_token_ids = _eos_token_ids(self.model_path, self.hf)
-        # No token covers more characters than its longest vocabulary entry, so a text longer than
-        # max_token_chars * n characters has more than n tokens: checked before tokenizing, this keeps
-        # a megabyte prompt from stalling the event loop just to be rejected.
+        # A copy of the Rust tokenizer that reads special-token text as plain text. Its encode_batch
+        # releases the GIL (encode does not), so tokenizing on a worker thread leaves the event loop free.
+        self._text_encoder = tokenizers.Tokenizer.from_str(self.backend.to_str())
+        self._text_encoder.encode_special_tokens = True
+        self.special_tokens = {token.content: token_id for token_id, token in self.hf.added_tokens_decoder.items()
+                               if token.special}
+        # No token covers more characters (or UTF-8 bytes) than its longest vocabulary entry, so a text
+        # longer than that times n has more than n tokens: checked before tokenizing, this keeps a
+        # megabyte prompt from costing a tokenizer run just to be rejected.
         self.max_token_chars = max(len(token) for token in self.hf.get_vocab())
+        self.max_token_bytes = max(len(self.backend.decode([i], skip_special_tokens=False).encode())
+                                   for i in range(self.vocab_size))
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -28,16 +43,27 @@ class Tokenizer:
         return self.hf.backend_tokenizer
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of a plain prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
-        return self.hf.encode(text)
+        """Token ids of a plain prompt, with the special tokens the tokenizer adds (e.g. BOS); special-token
+        text in `text` stays text."""
+        return self._text_encoder.encode_batch([text], add_special_tokens=True)[0].ids
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation rendered by the model's chat template, ready for the reply."""
+        """Token ids of a conversation rendered by the model's chat template, ready for the reply.
+
+        The template writes the special tokens (BOS, role markers); they are not added twice, and
+        special-token text inside the messages stays text."""
         if self.hf.chat_template is None:
-            raise ValueError("messages: the model has no chat template; use /v1/completions")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        # The template already writes the special tokens (BOS, role markers); do not add them twice.
-        return self.hf.encode(text, add_special_tokens=False)
+            raise ValueError("the model has no chat template; use /v1/completions")
+        segments = render_segments(self._render, messages, self.special_tokens)
+        texts = iter(self._text_encoder.encode_batch([s for s in segments if isinstance(s, str)],
+                                                    add_special_tokens=False))
+        ids: list[int] = []
+        for segment in segments:
+            ids += [segment] if isinstance(segment, int) else next(texts).ids
+        return ids
+
+    def _render(self, messages: list[dict]) -> str:
+        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of whole token ids, special tokens skipped (as the streaming detokenizer does)."""

@@ -6,7 +6,8 @@ Each error names the field, so gRPC answers INVALID_ARGUMENT "field: why" and HT
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 
 from gateway.request import GenerationRequest
 from gateway.tokenizer import Tokenizer
@@ -37,21 +38,33 @@ class RequestFields:
     stop: list[str] | None = None
     ignore_eos: bool = False
     num_speculative_tokens: int | None = None
+    default_max_tokens: int | None = None  # max_tokens when not given; None = the room left in the context
+    # What the client called a field where its name differs from ours (HTTP sends token ids as `prompt`,
+    # and `max_completion_tokens` for max_tokens): errors name the field the client sent.
+    client_names: dict[str, str] = field(default_factory=dict)
+
+    def name(self, field_name: str) -> str:
+        return self.client_names.get(field_name, field_name)
 
 
 INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
 
 
 def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> GenerationRequest:
-    """The validated, tokenized request; raises RequestError naming the first bad field."""
-    _check_text_length(fields, tokenizer.max_token_chars * max_model_len)
-    prompt_ids = _prompt_token_ids(fields, tokenizer)
-    _check_prompt_length(prompt_ids, max_model_len)
+    """The validated, tokenized request; raises RequestError naming the first bad field.
+
+    Tokenizing may take a while (up to a context's worth of text): callers on an event loop run this
+    on a worker thread."""
+    _check_text_size(fields, tokenizer, max_model_len)
     stop = tuple(fields.stop or ())
     _require(all(isinstance(s, str) and s for s in stop), "stop", "must be non-empty strings")
+    for text in stop:
+        _check_unicode(text, "stop")
+    prompt_ids = _prompt_token_ids(fields, tokenizer)
+    _check_prompt_length(prompt_ids, max_model_len, _prompt_field(fields))
     return GenerationRequest(
         prompt_token_ids=tuple(prompt_ids),
-        max_tokens=_max_tokens(fields.max_tokens, len(prompt_ids), max_model_len),
+        max_tokens=_max_tokens(fields, len(prompt_ids), max_model_len),
         temperature=_temperature(fields.temperature),
         top_p=_top_p(fields.top_p),
         top_k=_top_k(fields.top_k),
@@ -65,11 +78,11 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
 
 
 def validate_model_name(model: str | None, served_names: tuple[str, ...]) -> None:
-    """The HTTP `model` field must name the served model (its name, folder name, or "default")."""
+    """The HTTP `model` field must name the served model (`served_names[0]` is the name it goes by)."""
     if model is None:
         raise RequestError("model", "is required")
     _require(model in served_names, "model",
-             f"unknown model {model!r}; this server serves {', '.join(map(repr, served_names))}")
+             f"unknown model {model!r}; this server serves {served_names[0]!r} (also called 'default')")
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -89,58 +102,88 @@ def _prompt_token_ids(fields: RequestFields, tokenizer: Tokenizer) -> list[int]:
     if fields.prompt_token_ids:
         ids = list(fields.prompt_token_ids)
         bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
-        _require(not bad, "prompt_token_ids",
-                 f"ids {bad[:5]} are outside the vocabulary [0, {tokenizer.vocab_size})")
+        _require(not bad, fields.name("prompt_token_ids"),
+                 f"token ids {bad[:5]} are outside the vocabulary [0, {tokenizer.vocab_size})")
         return ids
     _require(bool(fields.prompt), "prompt", "must not be empty (give prompt or prompt_token_ids)")
     return tokenizer.encode(fields.prompt)
 
 
-def _check_text_length(fields: RequestFields, max_chars: int) -> None:
-    """Text that cannot fit the context whatever its tokens is refused before it is tokenized."""
-    if fields.prompt is not None:
-        _require(len(fields.prompt) <= max_chars, "prompt",
-                 f"is {len(fields.prompt)} characters, more than the model's context can hold")
+def _prompt_field(fields: RequestFields) -> str:
     if fields.messages is not None:
-        size = sum(len(str(message)) for message in fields.messages)
-        _require(size <= max_chars, "messages",
-                 f"hold {size} characters, more than the model's context can hold")
+        return "messages"
+    return fields.name("prompt_token_ids") if fields.prompt_token_ids else "prompt"
 
 
-def _check_prompt_length(prompt_ids: list[int], max_model_len: int) -> None:
-    _require(len(prompt_ids) < max_model_len, "prompt",
+def _check_text_size(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> None:
+    """Text that cannot fit the context whatever its tokens is refused before it is tokenized: no token
+    covers more than `max_token_chars` characters or `max_token_bytes` UTF-8 bytes."""
+    texts = [(fields.prompt, "prompt")] if fields.prompt is not None else []
+    for index, message in enumerate(fields.messages or ()):
+        texts += [(value, f"messages[{index}].{key}") for key, value in message.items() if isinstance(value, str)]
+    size = _size(texts)
+    limit = (tokenizer.max_token_chars * max_model_len, tokenizer.max_token_bytes * max_model_len)
+    _require(size[0] <= limit[0] and size[1] <= limit[1], _prompt_field(fields),
+             f"is {size[0]} characters ({size[1]} UTF-8 bytes), more than the model's context of "
+             f"{max_model_len} tokens can hold")
+
+
+def _size(texts: list[tuple[str, str]]) -> tuple[int, int]:
+    """Characters and UTF-8 bytes of all `texts`; RequestError naming the field of one that is not valid Unicode."""
+    chars = sum(len(text) for text, _ in texts)
+    return chars, sum(len(_check_unicode(text, name)) for text, name in texts)
+
+
+def _check_unicode(text: str, field_name: str) -> bytes:
+    """`text` as UTF-8; JSON can carry lone surrogates (\\ud800), which are no text and no tokenizer takes."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RequestError(field_name, f"holds a lone surrogate (U+{ord(text[error.start]):04X}) at character "
+                                       f"{error.start}; text must be valid Unicode") from None
+
+
+def _check_prompt_length(prompt_ids: list[int], max_model_len: int, field_name: str) -> None:
+    _require(len(prompt_ids) < max_model_len, field_name,
              f"is {len(prompt_ids)} tokens; the model's context is {max_model_len} tokens "
              "and at least one must be left to generate")
 
 
-def _max_tokens(value: int | None, prompt_len: int, max_model_len: int) -> int:
+def _max_tokens(fields: RequestFields, prompt_len: int, max_model_len: int) -> int:
     room = max_model_len - prompt_len
+    value, field_name = fields.max_tokens, fields.name("max_tokens")
     if value is None:
-        return room
-    _require(value >= 1, "max_tokens", f"must be >= 1, got {value}")
-    _require(value <= room, "max_tokens",
+        return room if fields.default_max_tokens is None else min(fields.default_max_tokens, room)
+    _require(value >= 1, field_name, f"must be >= 1, got {value}")
+    _require(value <= room, field_name,
              f"{value} + the prompt's {prompt_len} tokens exceeds the model's context of "
              f"{max_model_len} tokens (at most {room})")
     return value
 
 
-def _finite(value: float, field: str) -> float:
-    _require(math.isfinite(value), field, f"must be a finite number, got {value}")
-    return value
+def _float32(value: float, field_name: str) -> float:
+    """`value` as the float32 the verifier samples with: a finite number that survives the rounding."""
+    try:
+        rounded = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        rounded = math.inf
+    _require(math.isfinite(rounded), field_name, f"must be a finite 32-bit float, got {value}")
+    return rounded
 
 
 def _temperature(value: float | None) -> float:
     if value is None:
         return 1.0
-    _require(_finite(value, "temperature") >= 0.0, "temperature", f"must be >= 0, got {value}")
-    return float(value)
+    _require(_float32(value, "temperature") >= 0.0, "temperature", f"must be >= 0, got {value}")
+    return _float32(value, "temperature")
 
 
 def _top_p(value: float | None) -> float:
     if value is None:
         return 1.0
-    _require(0.0 < _finite(value, "top_p") <= 1.0, "top_p", f"must be in (0, 1], got {value}")
-    return float(value)
+    rounded = _float32(value, "top_p")  # 1e-46 is > 0 but rounds to 0, which would mean no filter at all
+    _require(0.0 < rounded <= 1.0, "top_p", f"must be in (0, 1] as a 32-bit float, got {value}")
+    return rounded
 
 
 def _top_k(value: int | None) -> int:
@@ -153,8 +196,9 @@ def _top_k(value: int | None) -> int:
 def _min_p(value: float | None) -> float:
     if value is None:
         return 0.0
-    _require(0.0 <= _finite(value, "min_p") <= 1.0, "min_p", f"must be in [0, 1], got {value}")
-    return float(value)
+    rounded = _float32(value, "min_p")
+    _require(0.0 <= rounded <= 1.0, "min_p", f"must be in [0, 1], got {value}")
+    return rounded
 
 
 def _seed(value: int | None) -> int | None:

@@ -36,12 +36,13 @@ def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
 
 def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
                         limits: ModelLimits) -> SamplingParams:
-    """Proto defaults (0 = unset) mapped to the engine's: max_tokens 0 = up to the context length."""
+    """Proto fields mapped to the engine's: unset max_tokens = up to the context length, unset top_p = 1
+    (off). A value that is set is checked as sent: 0 is never read as "unset"."""
     room = limits.max_model_len - prompt_len
     return SamplingParams(
-        max_tokens=min(sampling.max_tokens, room) if sampling.max_tokens else room,
+        max_tokens=min(sampling.max_tokens, room) if sampling.HasField("max_tokens") else room,
         temperature=sampling.temperature,
-        top_p=sampling.top_p or 1.0,
+        top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
         top_k=sampling.top_k,
         min_p=sampling.min_p,
         seed=sampling.seed if sampling.HasField("seed") else None,

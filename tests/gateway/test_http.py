@@ -101,7 +101,7 @@ BAD_BODIES = [
     ({"model": "default", "prompt": "x", "min_p": 2}, "min_p"),
     ({"model": "default", "prompt": "x", "top_k": -3}, "top_k"),
     ({"model": "default", "prompt": ""}, "prompt"),
-    ({"model": "default", "prompt": [1, 10**6]}, "prompt_token_ids"),
+    ({"model": "default", "prompt": [1, 10**6]}, "prompt"),  # the HTTP field, not the gRPC one
     ({"model": "default", "prompt": "x", "temperature": "hot"}, "temperature"),
     ({"model": "default"}, "prompt"),
     ({"model": "default", "prompt": "x", "n": 2}, "n"),

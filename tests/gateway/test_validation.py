@@ -75,3 +75,61 @@ def test_model_name_must_be_one_the_server_serves():
     with pytest.raises(RequestError) as error:
         validate_model_name("gpt-4", ("SmolLM2-135M-Instruct", "default"))
     assert error.value.field == "model"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"prompt": "abc \ud800 def"}, "prompt"),
+    ({"prompt": "hi", "stop": ["ok", "\udfff"]}, "stop"),
+    ({"messages": [{"role": "user", "content": "abc \ud800"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "\udc00"}]}, "messages[0].name"),
+], ids=["prompt", "stop", "content", "name"])
+def test_a_lone_surrogate_is_refused_naming_its_field(tokenizer, fields, field):
+    with pytest.raises(RequestError) as error:
+        validate(RequestFields(**fields), tokenizer, 2048)
+    assert error.value.field == field and "surrogate" in error.value.message
+
+
+def test_text_longer_in_bytes_than_the_context_can_hold_is_refused_untokenized(tokenizer, monkeypatch):
+    """Emoji are 1 character but 4 bytes: a character count alone let 1.9 MB through to the tokenizer."""
+    monkeypatch.setattr(tokenizer, "_text_encoder", None)  # tokenizing would fail loudly
+    context = 2048
+    emoji = "🎉" * (tokenizer.max_token_chars * context // 2)  # few enough characters, too many bytes
+    for fields, field in [({"prompt": emoji}, "prompt"), ({"messages": [{"role": "user", "content": emoji}]}, "messages")]:
+        with pytest.raises(RequestError) as error:
+            validate(RequestFields(**fields), tokenizer, context)
+        assert error.value.field == field and "bytes" in error.value.message
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 1e-46), ("top_p", 1e-45 / 4), ("min_p", 1e39),
+                                          ("temperature", 1e39)])
+def test_sampling_floats_are_checked_as_the_float32_the_verifier_uses(tokenizer, field, value):
+    with pytest.raises(RequestError) as error:
+        check(tokenizer, prompt="hi", **{field: value})
+    assert error.value.field == field
+
+
+def test_the_smallest_float32_top_p_is_kept(tokenizer):
+    assert check(tokenizer, prompt="hi", top_p=1e-45).top_p > 0
+
+
+def test_a_default_max_tokens_is_clamped_to_the_room_left(tokenizer):
+    assert check(tokenizer, prompt="hi", default_max_tokens=16).max_tokens == 16
+    assert check(tokenizer, prompt_token_ids=[5] * (MAX_MODEL_LEN - 3), default_max_tokens=16).max_tokens == 3
+
+
+def test_errors_name_the_field_the_client_sent(tokenizer):
+    names = {"prompt_token_ids": "prompt", "max_tokens": "max_completion_tokens"}
+    for fields, field in [({"prompt_token_ids": [10**6]}, "prompt"),
+                          ({"prompt_token_ids": [5] * MAX_MODEL_LEN}, "prompt"),
+                          ({"prompt": "hi", "max_tokens": 0}, "max_completion_tokens"),
+                          ({"messages": [{"role": "user", "content": "word " * 100}]}, "messages")]:
+        with pytest.raises(RequestError) as error:
+            check(tokenizer, client_names=names, **fields)
+        assert error.value.field == field, fields
+
+
+def test_an_unknown_model_error_names_the_served_model_not_its_path(tokenizer):
+    served = ("SmolLM2-135M-Instruct", "default")
+    with pytest.raises(RequestError) as error:
+        validate_model_name("gpt-4", served)
+    assert "SmolLM2-135M-Instruct" in error.value.message and "/" not in error.value.message

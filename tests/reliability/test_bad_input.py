@@ -45,7 +45,7 @@ HTTP_CASES = [
     ({"model": "default", "prompt": "Hi", "top_k": -3}, "top_k"),
     ({"model": "default", "prompt": "Hi", "top_k": 10**12}, "top_k"),
     ({"model": "default", "prompt": "Hi", "num_speculative_tokens": 10**12}, "num_speculative_tokens"),
-    ({"model": "default", "prompt": [1, VOCAB + 5]}, "prompt_token_ids"),
+    ({"model": "default", "prompt": [1, VOCAB + 5]}, "prompt"),
     ({"model": "default", "prompt": "Hi", "max_tokens": "many"}, "max_tokens"),
     ({"model": "gpt-5", "prompt": "Hi"}, "model"),
     ({"prompt": "Hi"}, "model"),
@@ -128,15 +128,22 @@ def test_http_malformed_body_is_400_naming_it(small_stack, bystander, content, c
 
 
 def test_http_oversized_body_is_refused_unread(small_stack, bystander):
-    """A declared 65 MiB body is refused from its headers: the server answers before the body is sent."""
+    """A declared 65 MiB body is refused from its headers (413): the server answers before the body is sent."""
     with socket.create_connection(("127.0.0.1", small_stack.http_port), timeout=30) as connection:
         connection.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\n"
                            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n{" % (65 * 2**20))
         status_line = connection.makefile("rb").readline()
-    assert status_line.split()[1] == b"400", status_line
+    assert status_line.split()[1] == b"413", status_line
 
 
-def test_http_chat_with_huge_message_is_400_naming_messages(small_stack, bystander):
+def test_http_chat_with_huge_message_is_413(small_stack, bystander):
+    """8 MiB is more JSON than the context's worth of text takes: refused as a body, before parsing it."""
     body = {"model": "default", "messages": [{"role": "user", "content": HUGE_PROMPT}]}
+    response = httpx.post(f"{small_stack.http_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 413 and response.json()["error"]["param"] == "body"
+
+
+def test_http_chat_too_long_for_the_context_is_400_naming_messages(small_stack, bystander):
+    body = {"model": "default", "messages": [{"role": "user", "content": LONG_PROMPT}]}
     response = httpx.post(f"{small_stack.http_url}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"

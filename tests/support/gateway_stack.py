@@ -32,10 +32,11 @@ class GatewayStack:
         await self.verifier.stop()
 
 
-async def start_gateway_stack(tokenizer: Tokenizer, api_key: str | None = None) -> GatewayStack:
+async def start_gateway_stack(tokenizer: Tokenizer, api_key: str | None = None,
+                              max_model_len: int = MAX_MODEL_LEN) -> GatewayStack:
     reply_ids = tokenizer.encode(REPLY) + [tokenizer.hf.eos_token_id]
     verifier = await ScriptedVerifier(reply_ids, tokens_per_step=3, model="SmolLM2-135M-Instruct",
-                                      max_model_len=MAX_MODEL_LEN).start()
+                                      max_model_len=max_model_len).start()
     config = GatewayConfig(model_path=str(tokenizer.model_path), verifier_addrs=(verifier.address,),
                            host="127.0.0.1", grpc_port=0, http_port=0, api_key=api_key,
                            health_poll_seconds=0.05, grace_seconds=0)

@@ -1,0 +1,29 @@
+"""The verifier's reading of a request: an unset field takes its default, a set one is checked as sent
+(0 never stands for "unset" or "off"), in the float32 precision it is sampled with."""
+import pytest
+
+from specd.v1 import common_pb2
+from verifier_service.convert import ModelLimits, sampling_from_proto
+from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+
+LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
+
+
+def test_unset_top_p_and_max_tokens_take_their_defaults():
+    params = sampling_from_proto(common_pb2.SamplingParams(temperature=1.0), prompt_len=4, limits=LIMITS)
+    assert (params.top_p, params.max_tokens) == (1.0, 60)
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 0.0), ("top_p", 1e-46), ("max_tokens", 0)])
+def test_a_zero_that_was_sent_is_refused_not_read_as_unset(field, value):
+    sampling = common_pb2.SamplingParams(temperature=1.0, **{field: value})
+    with pytest.raises(InvalidParameter) as error:
+        sampling_from_proto(sampling, prompt_len=4, limits=LIMITS)
+    assert error.value.field == field
+
+
+def test_top_p_is_checked_in_float32():
+    """1e-46 is above 0 as a Python float, but 0 in the float32 the sampler uses: it would keep no token."""
+    with pytest.raises(InvalidParameter, match="^top_p: "):
+        SamplingParams(temperature=1.0, top_p=1e-46)
+    assert SamplingParams(temperature=1.0, top_p=1e-30).top_p == 1e-30  # a normal float32
