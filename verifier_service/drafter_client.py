@@ -217,17 +217,20 @@ class DrafterClient:
             self._count_if_stale(reply, awaited=None)
 
     def _await_reply(self, generation: int, step_id: int, deadline: float):
-        while (remaining := deadline - time.monotonic()) > 0:
+        """The step's reply, waiting until `deadline` at most; past it (a step asked ahead and collected
+        after the step in flight), replies already in hand are still read: they cost no waiting."""
+        while True:
+            remaining = deadline - time.monotonic()
             try:
-                reply = self._accept(generation, *self._replies.get(timeout=remaining))
+                item = self._replies.get(timeout=remaining) if remaining > 0 else self._replies.get_nowait()
             except queue.Empty:
                 return None
+            reply = self._accept(generation, *item)
             if reply is _STREAM_ENDED:
                 return None
             if reply is not None and reply.step_id == step_id:
                 return reply
             self._count_if_stale(reply, awaited=step_id)
-        return None
 
     def _count_if_stale(self, reply, awaited: int | None) -> None:
         if reply is not None and reply is not _STREAM_ENDED and reply.step_id not in (0, awaited):

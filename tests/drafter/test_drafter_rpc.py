@@ -103,6 +103,23 @@ def test_a_late_reply_is_a_counted_fallback_and_is_dropped(drafter, client):
     assert client.num_stale_replies == 1
 
 
+def test_a_reply_that_arrived_while_the_step_ran_is_used_after_its_deadline(drafter, client):
+    """Asked ahead (async scheduling), a proposal is collected after the step in flight: its deadline has
+    passed by then, but a reply already in hand costs no waiting and must not be thrown away."""
+    tokens = [1, 2, 3, 1, 2]
+    propose_until_connected(client, [request("ahead", tokens)])
+    client.timeout_s = 0.001
+    tokens += [3]
+    pending = client.begin_propose([request("ahead", tokens)])
+    deadline = time.monotonic() + 20
+    while client._replies.empty():  # noqa: SLF001 - the step "runs" until its reply is in hand
+        assert time.monotonic() < deadline, "the drafter never answered"
+        time.sleep(0.01)
+    fallbacks = client.num_fallbacks
+    assert pending.result() == {"ahead": expected(tokens)}
+    assert client.num_fallbacks == fallbacks
+
+
 def test_columns_that_do_not_line_up_are_refused_with_invalid_argument(drafter):
     bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], new_token_counts=[3],
                                      new_token_ids=[1, 2], num_draft_tokens=[4])
