@@ -19,6 +19,7 @@ from gateway.openai_schema import ChatCompletionBody, CompletionBody
 from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
+from gateway.tenant import TENANT_HEADER, tenant_key
 from gateway.validation import RequestError
 from specd.serving import MAX_MESSAGE_BYTES
 
@@ -111,7 +112,9 @@ async def _parse(request: Request, schema):
 async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, timeout: float | None):
     body = await _parse(request, schema)
     pipeline.check_model(body.model)
-    generation = pipeline.validate(body.request_fields())
+    headers = request.headers
+    generation = pipeline.validate(body.request_fields(),
+                                   tenant_key(headers.get("authorization"), headers.get(TENANT_HEADER)))
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
     chunks = pipeline.generate(generation, deadline)

@@ -4,6 +4,7 @@ Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call thi
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -46,9 +47,10 @@ class Pipeline:
     def max_model_len(self) -> int:
         return self.router.max_model_len() or self._model_max_len
 
-    def validate(self, fields: RequestFields) -> GenerationRequest:
-        """The validated request; raises RequestError naming the bad field."""
-        return validate(fields, self.tokenizer, self.max_model_len())
+    def validate(self, fields: RequestFields, tenant_key: str = "") -> GenerationRequest:
+        """The validated request for `tenant_key` (gateway/tenant.py); raises RequestError naming the bad field."""
+        request = validate(fields, self.tokenizer, self.max_model_len())
+        return dataclasses.replace(request, tenant_key=tenant_key)
 
     def check_model(self, model: str | None) -> None:
         """Raises RequestError when the HTTP `model` field names a model not served here."""
