@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from drafter_service.config import DrafterConfig  # noqa: E402
-from drafter_service.local import LocalNgramProposer  # noqa: E402
+from drafter_service.local import LocalProposer  # noqa: E402
 from specd.default_model import resolve_model_path  # noqa: E402
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
@@ -27,9 +27,9 @@ from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
 from workload import prompts as workload_prompts  # noqa: E402
 
 
-def ngram_proposer(min_ngram: int, max_ngram: int) -> LocalNgramProposer:
+def ngram_proposer(min_ngram: int, max_ngram: int) -> LocalProposer:
     """The drafter's own incremental n-gram index, in process (no RPC)."""
-    return LocalNgramProposer(DrafterConfig(min_ngram=min_ngram, max_ngram=max_ngram))
+    return LocalProposer(DrafterConfig(min_ngram=min_ngram, max_ngram=max_ngram))
 
 
 def run_engine(engine: Engine, prompt: list[int], max_tokens: int) -> list[int]:

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from specd.serving import TlsConfig
 
+MEMORY_SCOPES = ("global", "per-key", "off")
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -25,6 +27,17 @@ class DrafterConfig:
     max_ngram: int = 4  # default longest suffix to match, and the longest one indexed
     max_draft_tokens: int = 32  # cap on a request's num_draft_tokens (a bigger ask gets this many)
     max_tokens_held: int = 4_000_000  # all sequences together; least recently used ones are evicted
+    # The memory of earlier outputs (drafter_service/memory.py): what it may be shared across (global: every
+    # request; per-key: requests of one tenant key; off: none), and its size; the oldest half is dropped
+    # when it is full.
+    memory_scope: str = "global"
+    max_memory_tokens: int = 1_000_000
+    # A draft stops before the token whose estimated chance of being accepted (with all before it) is
+    # below this (drafter_service/evidence.py); 0 = always up to the request's num_draft_tokens.
+    min_draft_probability: float = 0.15
+    # "evidence": the rule above; "ngram": plain prompt lookup, always k tokens from the own context (ngram.py),
+    # the drafter before memory and evidence, kept for comparison (bench/drafter_acceptance.py).
+    drafting: str = "evidence"
     grace_seconds: float = 5.0  # drain time on SIGTERM
     inject_delay_ms: int = 0  # testing aid (--inject-delay-ms): hold every reply this long, as a slow drafter
 
@@ -34,6 +47,10 @@ class DrafterConfig:
             (self.min_ngram <= self.max_ngram <= 64, "max_ngram", "must be in [min_ngram, 64]"),
             (self.max_draft_tokens >= 1, "max_draft_tokens", "must be >= 1"),
             (self.max_tokens_held >= 1, "max_tokens_held", "must be >= 1"),
+            (self.memory_scope in MEMORY_SCOPES, "memory_scope", f"must be one of {', '.join(MEMORY_SCOPES)}"),
+            (self.max_memory_tokens >= 2, "max_memory_tokens", "must be >= 2"),
+            (0.0 <= self.min_draft_probability <= 1.0, "min_draft_probability", "must be in [0, 1]"),
+            (self.drafting in ("evidence", "ngram"), "drafting", "must be 'evidence' or 'ngram'"),
             (0 <= self.port <= 65535, "port", "must be a TCP port"),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "metrics_port",
              "must be a TCP port"),

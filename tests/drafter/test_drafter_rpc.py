@@ -1,8 +1,13 @@
-"""A real drafter server (on each store built here) and the verifier's real DrafterClient on loopback."""
+"""A real drafter server (on each store built here) and the verifier's real DrafterClient on loopback.
+
+These pin the stream's mechanics (deltas, re-syncs, late replies, errors, metrics), so the drafter runs
+plain prompt lookup without memory, whose drafts are easy to predict; test_shared_memory.py covers the
+memory over real streams."""
 from __future__ import annotations
 
 import time
 import urllib.request
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -19,7 +24,8 @@ from verifier_service.engine.proposer import DraftRequest
 
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, min_ngram=1, max_ngram=4)
+CONFIG = DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, min_ngram=1, max_ngram=4, drafting="ngram",
+                       memory_scope="off")
 GENEROUS_S = 5.0  # deadline for steps whose drafts the test checks (a loaded CI box can be slow)
 
 
@@ -73,8 +79,7 @@ def test_a_batched_round_trip_sends_deltas_and_returns_every_sequences_drafts(dr
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_evicted_sequence_is_resynced_and_drafts_again(backend):
-    with ThreadedDrafter(DrafterConfig(host="127.0.0.1", port=0, metrics_port=None,
-                                       max_tokens_held=8), backend) as small:
+    with ThreadedDrafter(replace(CONFIG, metrics_port=None, max_tokens_held=8), backend) as small:
         client = DrafterClient(small.address, timeout_s=GENEROUS_S)
         try:
             tokens = [3, 4, 5, 3, 4]
