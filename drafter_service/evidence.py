@@ -40,6 +40,9 @@ from dataclasses import dataclass
 CANDIDATES = 4  # occurrences examined per source and step (8 or 16 drafted no better in the replays)
 MAX_MATCH = 32  # match lengths are counted up to this
 FIRST_MISS = 0.65  # chance that a copy after a one-token match is wrong
+# The memory is searched for matches of at least this many tokens: a one-token match with another
+# request's output never won over the own context in the replays, and finding it costs the most.
+MIN_MEMORY_MATCH = 2
 
 
 def _prior_table(decay: float) -> tuple[float, ...]:

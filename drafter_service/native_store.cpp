@@ -102,6 +102,17 @@ public:
                     min_draft_probability, ngram_only},
           memory_(max_ngram, max_memory_tokens) {
         if (max_ngram < 1 || max_ngram > 64) throw py::value_error("max_ngram: must be in [1, 64]");
+        if (max_draft_tokens < 0) throw py::value_error("max_draft_tokens: must be >= 0");
+        // unbeatable_[k]: a context draft scoring above it leaves the memory no chance, since each memory
+        // token's chance is at most the memory's largest prior (a skipped search, the same drafts as
+        // state.py; the margin covers rounding).
+        double chance = 1.0, bound = 0.0;
+        unbeatable_.push_back(1e-9);
+        for (int k = 1; k <= max_draft_tokens; ++k) {
+            chance *= memory_prior_(specd::kMaxMatch);
+            bound += chance;
+            unbeatable_.push_back(bound + 1e-9);
+        }
         if (max_tokens_held < 1) throw py::value_error("max_tokens_held: must be >= 1");
         if (scope < kGlobal || scope > kOff) throw py::value_error("memory_scope: unknown");
     }
@@ -231,11 +242,11 @@ private:
         const size_t first = drafts->size();
         const double own = specd::draft(context.data(), length, found, count, k, context_prior_,
                                         settings_.min_draft_probability, true, drafts);
-        if (settings_.scope == kOff || memory_.total_tokens() == 0) return false;
+        if (settings_.scope == kOff || memory_.total_tokens() == 0 || own > unbeatable_[k]) return false;
         const int memory_top = static_cast<int>(std::min<size_t>(high, length));
         specd::suffix_keys(held.partition.seed, context.data(), length, memory_top, keys);
         count = 0;
-        for (int n = memory_top; n >= low && count == 0; --n)
+        for (int n = memory_top; n >= std::max(low, specd::kMinMemoryMatch) && count == 0; --n)
             count = memory_.occurrences(held.partition, context.data(), length, n, keys[n], specd::kCandidates, found);
         scratch_.clear();
         const double remembered = specd::draft(context.data(), length, found, count, k, memory_prior_,
@@ -297,6 +308,7 @@ private:
     specd::Prior context_prior_ = specd::make_prior(0.7);  // evidence._CONTEXT_PRIOR
     specd::Prior memory_prior_ = specd::make_prior(0.85);  // evidence._MEMORY_PRIOR
     OutputMemory memory_;
+    std::vector<double> unbeatable_;  // [k], see the constructor
     std::vector<int32_t> scratch_;
     long long total_tokens_ = 0;
     long long num_evicted_ = 0;

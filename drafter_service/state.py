@@ -116,7 +116,8 @@ class SequenceStore:
                                       evidence.context_prior, config.min_draft_probability)
         if config.memory_scope == "off":
             return from_context.tokens, 0
-        remembered = next((found for n in range(min(high, len(context)), low - 1, -1)
+        lowest = max(low, evidence.MIN_MEMORY_MATCH)
+        remembered = next((found for n in range(min(high, len(context)), lowest - 1, -1)
                            if (found := self.memory.occurrences(held.partition, context, n, evidence.CANDIDATES, k))),
                           [])
         from_memory = evidence.draft(context, remembered, k, evidence.memory_prior, config.min_draft_probability)

@@ -12,6 +12,7 @@ namespace specd {
 constexpr int kCandidates = 4;  // evidence.CANDIDATES
 constexpr int kMaxMatch = 32;   // evidence.MAX_MATCH
 constexpr double kFirstMiss = 0.65;  // evidence.FIRST_MISS
+constexpr int kMinMemoryMatch = 2;  // evidence.MIN_MEMORY_MATCH
 
 // An earlier occurrence of the context's suffix: `at` points at the token after it.
 struct Occurrence {

@@ -28,17 +28,20 @@ tokens = st.one_of(st.integers(0, 3), st.sampled_from([2**31 - 1, -(2**31), -1, 
 # memory may have, from an earlier one.
 TEXT = list(range(10, 40))
 spans = st.tuples(st.integers(0, len(TEXT) - 1), st.integers(1, 12)).map(lambda s: TEXT[s[0]:s[0] + s[1]])
-new_tokens = st.one_of(st.lists(tokens, max_size=12), spans)
-delta = st.tuples(st.sampled_from(SEQUENCE_IDS), st.sampled_from(["held", "held", "fresh", "wrong"]),
-                  new_tokens, st.integers(0, 9), st.integers(0, 6), st.integers(0, 6), st.sampled_from(TENANTS))
-step = st.tuples(st.integers(0, 1), st.lists(delta, max_size=5),
+new_tokens = st.one_of(st.lists(tokens, max_size=12), spans, spans)
+bound = st.sampled_from([0, 0, 0, 1, 2, 3, 6])  # a request's n-gram bound, mostly the default
+delta = st.tuples(st.sampled_from(SEQUENCE_IDS), st.sampled_from(["held", "held", "held", "fresh", "wrong"]),
+                  new_tokens, st.integers(0, 9), bound, bound, st.sampled_from(TENANTS))
+step = st.tuples(st.integers(0, 1), st.lists(delta, min_size=1, max_size=5),
                  st.lists(st.sampled_from(SEQUENCE_IDS), max_size=2), st.booleans())
 configs = st.builds(
     lambda low, extra, cap, budget, memory, scope, threshold, drafting: DrafterConfig(
         min_ngram=low, max_ngram=low + extra, max_draft_tokens=cap, max_tokens_held=budget, max_memory_tokens=memory,
         memory_scope=scope, min_draft_probability=threshold, drafting=drafting),
-    st.integers(1, 3), st.integers(0, 3), st.integers(1, 8), st.integers(1, 60), st.integers(2, 80),
-    st.sampled_from(MEMORY_SCOPES), st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]), st.sampled_from(["evidence", "ngram"]))
+    st.integers(1, 3), st.integers(0, 3), st.integers(1, 8), st.one_of(st.just(10_000), st.integers(1, 60)),
+    st.one_of(st.just(10_000), st.integers(2, 80)),
+    st.sampled_from(MEMORY_SCOPES), st.one_of(st.sampled_from([0.0, 0.15, 1.0]), st.floats(0.0, 1.0)),
+    st.sampled_from(["evidence", "evidence", "ngram"]))
 
 
 def _start(mode: str, held: list[int] | None) -> int:
@@ -71,13 +74,28 @@ class Reference:
             self.memory.add(partition, held[max(first - config.max_ngram, 0):])
 
 
+# Finished requests to begin with, so that the memory has something to draft from: (tenant, output).
+earlier = st.lists(st.tuples(st.sampled_from(TENANTS), spans), max_size=4)
+
+
+def _finished_requests(earlier_outputs) -> list:
+    """Steps of session 0 that start, extend and release one sequence per earlier output."""
+    steps = []
+    for number, (tenant, output) in enumerate(earlier_outputs):
+        sequence_id = f"earlier-{number}"
+        steps.append((0, [(sequence_id, "fresh", [0, 1], 0, 0, 0, tenant)], [], False))
+        steps.append((0, [(sequence_id, "held", output, 0, 0, 0, tenant)], [], False))
+        steps.append((0, [], [sequence_id], False))
+    return steps
+
+
 @settings(max_examples=400, deadline=None)
-@given(config=configs, steps=st.lists(step, max_size=25))
-def test_native_and_python_stores_answer_every_batch_alike_and_as_the_rules_say(config, steps):
+@given(config=configs, earlier_outputs=earlier, steps=st.lists(step, min_size=10, max_size=40))
+def test_native_and_python_stores_answer_every_batch_alike_and_as_the_rules_say(config, earlier_outputs, steps):
     drafters = {name: Drafter(config, name) for name in ("native", "python")}
     sessions = {name: [d.open_session(), d.open_session()] for name, d in drafters.items()}
     reference = Reference(config)
-    for step_id, (which, deltas, released, close_after) in enumerate(steps):
+    for step_id, (which, deltas, released, close_after) in enumerate(_finished_requests(earlier_outputs) + steps):
         python_session = sessions["python"][which]
         for sequence_id in dict.fromkeys(released):
             reference.released(which, sequence_id, python_session.held_tokens(sequence_id))

@@ -74,6 +74,7 @@ def brute_force_draft(context: list[int], memory: BruteForceMemory, partition: s
     from_context = evidence.draft(context, own, k, evidence.context_prior, threshold)
     if config.memory_scope == "off":
         return from_context.tokens
-    remembered = next((found[:limit] for n in range(min(high, len(context)), low - 1, -1)
+    lowest = max(low, evidence.MIN_MEMORY_MATCH)
+    remembered = next((found[:limit] for n in range(min(high, len(context)), lowest - 1, -1)
                        if (found := memory.occurrences(partition, context, n, k))), [])
     return evidence.better(from_context, evidence.draft(context, remembered, k, evidence.memory_prior, threshold))[0].tokens
