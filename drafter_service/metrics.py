@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import prometheus_client
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 # A batch takes microseconds to a few milliseconds; a first sight of a long prompt, up to ~100 ms.
 PROPOSE_SECONDS_BUCKETS = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3,
@@ -50,7 +51,7 @@ class DraftLengthHistogram:
         family = HistogramMetricFamily("specd_drafter_draft_length",
                                        "Draft tokens proposed per sequence and step (sequences that asked).")
         cumulative, buckets = 0, []
-        for bound, count in zip([*map(str, DRAFT_LENGTH_BUCKETS), "+Inf"], self._counts):
+        for bound, count in zip([*map(floatToGoString, DRAFT_LENGTH_BUCKETS), "+Inf"], self._counts):
             cumulative += count
             buckets.append((bound, cumulative))
         family.add_metric([], buckets, self._sum)
