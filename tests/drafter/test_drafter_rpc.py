@@ -108,14 +108,18 @@ def test_a_late_reply_is_a_counted_fallback_and_is_dropped(drafter, client):
     assert client.num_stale_replies == 1
 
 
-def test_columns_that_do_not_line_up_are_refused_with_invalid_argument(drafter):
-    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], new_token_counts=[3],
-                                     new_token_ids=[1, 2], num_draft_tokens=[4])
+@pytest.mark.parametrize("columns, field", [
+    (dict(new_token_counts=[3], new_token_ids=[1, 2]), "new_token_ids"),
+    (dict(new_token_counts=[1], new_token_ids=[1], tenant_keys=["a", "b"]), "tenant_keys"),
+    (dict(new_token_counts=[1], new_token_ids=[1], tenant_keys=["k" * 129]), "tenant_keys"),
+])
+def test_bad_columns_are_refused_with_invalid_argument_naming_them(drafter, columns, field):
+    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], num_draft_tokens=[4], **columns)
     with grpc.insecure_channel(drafter.address) as channel:
         with pytest.raises(grpc.RpcError) as error:
             list(drafter_pb2_grpc.DrafterStub(channel).Propose(iter([bad]), timeout=5))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.value.details().startswith("new_token_ids:")
+    assert error.value.details().startswith(f"{field}:")
 
 
 def test_health_is_serving_and_reflection_lists_the_drafter(drafter):
