@@ -24,6 +24,7 @@ class LocalProposer:
         self.config = config or DrafterConfig()
         self.store = new_sequence_store(self.config, store_backend)
         self._sent: dict[str, tuple[int, int]] = {}  # per request: (tokens held, the last of them)
+        self.proposed_tokens = [0, 0]  # draft tokens proposed so far, from (own contexts, the memory)
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
         """Drafts per request id; requests with num_draft_tokens == 0 only update the store."""
@@ -31,6 +32,8 @@ class LocalProposer:
         reply = self.store.propose_batch(_SESSION, ProposeBatch.from_deltas(0, deltas))
         for request_id in reply.resync_sequence_ids:  # evicted: send it whole next time
             self._sent.pop(request_id, None)
+        self.proposed_tokens[0] += reply.num_draft_tokens - reply.memory_draft_tokens
+        self.proposed_tokens[1] += reply.memory_draft_tokens
         return dict(zip((r.request_id for r in requests), reply.drafts()))
 
     def _delta(self, request: DraftRequest) -> SequenceDelta:
