@@ -21,6 +21,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ASYNC_SCHEDULING = ("auto", "on", "off")
 MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
 DRAFT_MEMORY_SCOPES = ("global", "per-key", "off")  # drafter_service/config.py's MEMORY_SCOPES
+DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.drafting
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class ServiceOptions:
     draft_memory_scope: str = "global"  # drafter: what its memory of earlier outputs may be shared across
     draft_memory_tokens: int | None = None  # drafter: tokens that memory holds (None = the drafter's default)
     draft_min_probability: float | None = None  # drafter: stop a draft below this chance (None = its default)
+    drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -77,6 +79,8 @@ class ServiceOptions:
         if self.draft_memory_scope not in DRAFT_MEMORY_SCOPES:
             raise ValueError(f"draft_memory_scope: must be one of {', '.join(DRAFT_MEMORY_SCOPES)}, "
                              f"got {self.draft_memory_scope!r}")
+        if self.drafting not in DRAFTING:
+            raise ValueError(f"drafting: must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ValueError(f"async_scheduling: must be one of {', '.join(ASYNC_SCHEDULING)}, "
                              f"got {self.async_scheduling!r}")
@@ -167,6 +171,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        default=_optional_float(_env("draft_min_probability", None)),
                        help="drafter: a draft stops before the token whose estimated chance of acceptance falls "
                             "below this (default 0.15; 0 = always as many as asked)")
+    group.add_argument("--drafting", choices=DRAFTING, default=_env("drafting", defaults.drafting),
+                       help="drafter: evidence (own context and memory, lengths from the evidence) or ngram "
+                            "(plain prompt lookup, k drafts whenever anything matches: the drafter before "
+                            "its memory, kept for comparisons)")
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -191,4 +199,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
         draft_memory_scope=args.draft_memory_scope,
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
+        drafting=args.drafting,
     )

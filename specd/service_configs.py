@@ -46,4 +46,5 @@ def drafter_config_from_options(options: ServiceOptions):
         max_memory_tokens=options.draft_memory_tokens or defaults.max_memory_tokens,
         min_draft_probability=(defaults.min_draft_probability if options.draft_min_probability is None
                                else options.draft_min_probability),
+        drafting=options.drafting,
     )

@@ -110,9 +110,10 @@ def test_drafter_memory_options_reach_its_config_and_up_forwards_them(monkeypatc
     from specd.service_configs import drafter_config_from_options
 
     options = parse(["up", "--draft-memory-scope", "per-key", "--draft-min-probability", "0.4"], monkeypatch,
-                    SPECD_DRAFT_MEMORY_TOKENS="5000")
+                    SPECD_DRAFT_MEMORY_TOKENS="5000", SPECD_DRAFTING="ngram")
     config = drafter_config_from_options(options)
-    assert (config.memory_scope, config.max_memory_tokens, config.min_draft_probability) == ("per-key", 5000, 0.4)
+    assert (config.memory_scope, config.max_memory_tokens, config.min_draft_probability, config.drafting) == (
+        "per-key", 5000, 0.4, "ngram")
     drafter = plan_stack(options, num_verifiers=1, port_offset=0)[0]
     assert drafter.name == "drafter"
     assert drafter.argv[drafter.argv.index("--draft-memory-scope") + 1] == "per-key"
