@@ -1,7 +1,7 @@
 // The drafter's sequence store in C++: drafter_service/state.py (with ngram.py, evidence.py and
 // memory.py), one call per batch. The pieces are in native/: tables.h (n-gram keys, the latest-end
 // table), ngram_index.h (one sequence), output_memory.h (the memory of earlier outputs), evidence.h
-// (the drafting rule).
+// (the drafting rule), columns.h (Python columns in and out).
 //
 // Same rules as the Python reference (read state.py's docstring first): start == 0 replaces a sequence;
 // a start other than the held length, or an unknown sequence, asks for a re-sync (and drops what was
@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "native/columns.h"
 #include "native/evidence.h"
 #include "native/ngram_index.h"
 #include "native/output_memory.h"
@@ -36,50 +37,9 @@ using specd::NgramIndex;
 using specd::Occurrence;
 using specd::OutputMemory;
 using specd::Partition;
-
-// ---- reading Python columns (lists, protobuf repeated fields, any sequence) ------------------------
-
-template <typename T>
-std::vector<T> int_column(py::handle column, const char* name, long long low, long long high) {
-    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(column.ptr(), name));
-    if (!fast) throw py::error_already_set();
-    const Py_ssize_t size = PySequence_Fast_GET_SIZE(fast.ptr());
-    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    std::vector<T> values(static_cast<size_t>(size));
-    for (Py_ssize_t i = 0; i < size; ++i) {
-        long long value = PyLong_AsLongLong(items[i]);
-        if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (value < low || value > high) throw py::value_error(std::string(name) + ": value out of range");
-        values[static_cast<size_t>(i)] = static_cast<T>(value);
-    }
-    return values;
-}
-
-std::vector<std::string> str_column(py::handle column, const char* name) {
-    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(column.ptr(), name));
-    if (!fast) throw py::error_already_set();
-    const Py_ssize_t size = PySequence_Fast_GET_SIZE(fast.ptr());
-    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    std::vector<std::string> values(static_cast<size_t>(size));
-    for (Py_ssize_t i = 0; i < size; ++i) {
-        Py_ssize_t length;
-        const char* text = PyUnicode_AsUTF8AndSize(items[i], &length);
-        if (!text) throw py::error_already_set();
-        values[static_cast<size_t>(i)].assign(text, static_cast<size_t>(length));
-    }
-    return values;
-}
-
-template <typename T>
-py::list to_list(const std::vector<T>& values) {
-    py::list list(values.size());
-    for (size_t i = 0; i < values.size(); ++i) {
-        PyObject* item = PyLong_FromLongLong(values[i]);
-        if (!item) throw py::error_already_set();
-        PyList_SET_ITEM(list.ptr(), static_cast<Py_ssize_t>(i), item);
-    }
-    return list;
-}
+using specd::int_column;
+using specd::str_column;
+using specd::to_list;
 
 enum Scope { kGlobal = 0, kPerKey = 1, kOff = 2 };  // config.MEMORY_SCOPES, in order
 
