@@ -36,12 +36,16 @@ from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
 from workload import prompts as workload_prompts  # noqa: E402
 
 
+STEPS: dict[int, int] = {}  # per engine (id): steps that emitted tokens, for tokens per step
+
+
 def run_engine(engine: Engine, prompt: list[int], params: SamplingParams) -> list[int]:
     engine.add_request("bench", prompt, params)
     output: list[int] = []
     while engine.has_unfinished_requests():
         for step_output in engine.step():
             output += step_output.new_token_ids
+            STEPS[id(engine)] = STEPS.get(id(engine), 0) + 1
     return output
 
 
@@ -112,11 +116,12 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device).eval()
         methods["HF generate"] = lambda p, params: run_hf(model, p, params, 0)
         methods[f"HF generate, prompt lookup {args.hf_lookup}"] = lambda p, params: run_hf(model, p, params, args.hf_lookup)
+    engines = {}
     for name, proposer in [("specd engine, no speculation", None),
                            (f"specd engine, n-gram k={args.k} (before)",
                             LocalProposer(DrafterConfig(drafting="ngram", memory_scope="off"))),
                            (f"specd engine, drafter k={args.k}", LocalProposer(DrafterConfig()))]:
-        engine = Engine(config, proposer=proposer, runner=runner)
+        engine = engines[name] = Engine(config, proposer=proposer, runner=runner)
         methods[name] = lambda p, params, engine=engine: run_engine(engine, p, params)
     results = measure(methods, requests)
     lengths = [len(p) for p, _ in requests]
@@ -127,10 +132,13 @@ def main() -> None:
     baseline_name = f"HF generate, prompt lookup {args.hf_lookup}" if not args.skip_hf else reference_name
     _, baseline, _ = results[baseline_name]
     print(f"speed vs {baseline_name} (by CPU time); same tokens as {'the recording' if recorded else reference_name}")
-    print(f"{'':42s} {'tok/s wall':>10s} {'tok/s CPU':>10s} {'speed':>8s} {'same tokens':>12s}")
+    print(f"{'':42s} {'tok/s wall':>10s} {'tok/s CPU':>10s} {'speed':>8s} {'same tokens':>12s} {'tok/step':>9s}")
     for name, (speed, cpu_speed, outputs) in results.items():
         same = sum(a == b for a, b in zip(outputs, recorded or reference))
-        print(f"{name:42s} {speed:10.1f} {cpu_speed:10.1f} {cpu_speed / baseline:7.2f}x {same:>9d}/{len(requests)}")
+        steps = STEPS.get(id(engines.get(name)))  # warm-up steps included: 8 tokens each
+        per_step = f"{(sum(map(len, outputs)) + 8) / steps:9.2f}" if steps else ""
+        print(f"{name:42s} {speed:10.1f} {cpu_speed:10.1f} {cpu_speed / baseline:7.2f}x {same:>9d}/{len(requests)} "
+              f"{per_step}")
 
 
 if __name__ == "__main__":
