@@ -3,10 +3,10 @@
 Drafts come from two sources: the sequence's own context (prompt + output so far) and the memory of
 earlier outputs (memory.py). For one source and a context t[0:L):
 
-1. Match. n = the largest n in [min_n, max_n] whose suffix t[L-n:L] occurred earlier in the source with
-   a token after it. Candidates: its CANDIDATES most recent occurrences (a suffix tree would give all;
-   the latest few are what repeats). A candidate's match length m is how many tokens before it agree
-   with the context's tail (n or more, at most MAX_MATCH).
+1. Match. n = the largest n in [min_n, max_n] (in the memory: n >= MIN_MEMORY_MATCH) whose suffix
+   t[L-n:L] occurred earlier in the source with a token after it. Candidates: its CANDIDATES most recent
+   occurrences (a suffix tree would give all; the latest few are what repeats). A candidate's match
+   length m is how many tokens before it agree with the context's tail (n or more, at most MAX_MATCH).
 2. Follow. The candidates with the longest match, m*, are the peers (the occurrences of the longest
    matched string, like the node a suffix tree would reach); the draft copies what followed the most
    recent peer: d[j] = s[e + j]. Past the end of the own context the copy continues periodically
@@ -28,6 +28,13 @@ matched token takes 30% off the chance of a miss for a copy from the own context
 remembered from another request (which shares less with this one than its own context does). The
 estimates they give came out calibrated on those replays (of the tokens given 0.4-0.6, about half were
 accepted).
+
+Compared with SuffixDecoding (arXiv 2411.04975, Arctic Inference), whose idea of scoring a path by how
+often each continuation followed this follows: its estimate is the frequency alone, so a continuation
+seen once counts as certain and the draft length is capped by the match length instead; here the match
+length sets a prior that the frequency scales, so one long match drafts far and many short ones do
+not, and both sources are indexed by n-gram keys over flat token arrays (hash chains in the native
+store) rather than by trees of nodes.
 
 This is the reference; native_store.cpp implements the same rule, with the same floating-point
 operations in the same order, and tests/drafter compares the two.
