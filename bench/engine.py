@@ -9,8 +9,9 @@ repeat, so n-gram drafts hit, as they do in everyday "fix / repeat this code" re
 --max-tokens new tokens each (EOS ignored). The other workloads are bench/drafter_acceptance.py's
 recorded requests, decoded to their recorded length (or EOS), so outputs can be checked against the
 recording. The drafters run in-process on the drafter's own store (drafter_service/local.py); the
-drafter's memory fills as the prompts go by, as a running service's would. --adaptive-drafting off
-drafts on every step (the engine's per-request back-off off).
+drafter's memory fills as the prompts go by, as a running service's would. --adaptive-drafting off lifts
+the draft policy's batch-size limit (at batch 1 both draft on every step: the engine no longer backs a
+request off after rejections; the drafter's evidence decides how many slots it fills).
 """
 from __future__ import annotations
 
