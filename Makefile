@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # pip install -e also compiles the drafter's native store (setup.py): a changed C++ source reinstalls.
-NATIVE_SOURCES := setup.py drafter_service/native_store.cpp
+NATIVE_SOURCES := setup.py drafter_service/native_store.cpp $(wildcard drafter_service/native/*.h)
 
 $(VENV)/.installed-serve: pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH_SPEC)"

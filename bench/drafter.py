@@ -1,11 +1,13 @@
 """Drafter latency: server-side propose time per batch, and the verifier client's round trip.
 
     .venv/bin/python bench/drafter.py [--steps 200] [--batches 1,64,256] [--contexts 4096,32768]
-                                      [--store native|python]
+                                      [--store native|python] [--memory-tokens 1000000] [--drafting evidence|ngram]
 
 Every sequence holds a context of the given length (random ids over the default model's vocabulary
 that keep copying earlier spans, see Workload); each step appends 1 to 4 accepted tokens per
-sequence and asks for 4 drafts, as a verifier step does.
+sequence and asks for 4 drafts, as a verifier step does. Before the first step, finished requests of the
+same kind (64-token prompts, 1024-token outputs) fill the drafter's memory of earlier outputs with
+--memory-tokens tokens (its default budget), so every proposal also searches a full memory.
 
 - server: DrafterSession.step on a decoded batch (the domain work; wall time, and the thread's CPU
   time, which leaves out time spent waiting for a core on a shared machine), and the whole handler
@@ -30,6 +32,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
 from drafter_service import convert  # noqa: E402
+from drafter_service.batch import ProposeBatch, SequenceDelta  # noqa: E402
 from drafter_service.config import DrafterConfig  # noqa: E402
 from drafter_service.drafter import Drafter  # noqa: E402
 from drafter_service.stores import resolve_backend  # noqa: E402
@@ -78,8 +81,25 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
     return quantiles[49] * 1e3, quantiles[89] * 1e3, quantiles[98] * 1e3
 
 
-def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random, store: str) -> dict:
-    session = Drafter(DrafterConfig(max_tokens_held=10**9), store).open_session()
+def earlier_requests(memory_tokens: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    """(prompt, output) of finished requests whose outputs add up to memory_tokens."""
+    count = memory_tokens // 1024
+    return [([rng.randrange(VOCAB) for _ in range(64)], Workload(1, 1024, rng).contexts[0]) for _ in range(count)]
+
+
+def fill_memory(session, requests: list[tuple[list[int], list[int]]]) -> None:
+    """Each request as a verifier sends it: first sight (the prompt), its output, then its release."""
+    for number, (prompt, output) in enumerate(requests):
+        sequence_id = f"earlier-{number}"
+        session.step(ProposeBatch.from_deltas(0, [SequenceDelta(sequence_id, 0, prompt, 0)]))
+        session.step(ProposeBatch.from_deltas(0, [SequenceDelta(sequence_id, len(prompt), output, 0)]))
+        session.step(ProposeBatch.from_deltas(0, [], released_sequence_ids=[sequence_id]))
+
+
+def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random, config: DrafterConfig,
+                 store: str, earlier: list) -> dict:
+    session = Drafter(config, store).open_session()
+    fill_memory(session, earlier)
     workload = Workload(num_sequences, length, rng)
     contexts = workload.contexts
     sent = [0] * num_sequences
@@ -106,13 +126,13 @@ def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random
         workload.grow()
     session.close()
     return {"sync": sync, "domain": percentiles(domain), "domain_cpu": percentiles(domain_cpu),
-            "handler": percentiles(handler),
+            "handler": percentiles(handler), "memory": session._drafter.store.memory_tokens,
             "hit": proposed / (steps * num_sequences * NUM_DRAFT_TOKENS)}
 
 
-def start_drafter(port: int, store: str) -> subprocess.Popen:
+def start_drafter(port: int, store: str, drafting: str) -> subprocess.Popen:
     code = ("from drafter_service.server import run; from drafter_service.config import DrafterConfig; "
-            f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9))")
+            f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9, drafting={drafting!r}))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                                stderr=subprocess.DEVNULL, env={**os.environ, "SPECD_DRAFTER_STORE": store})
     wait_until_serving(f"127.0.0.1:{port}")
@@ -120,7 +140,7 @@ def start_drafter(port: int, store: str) -> subprocess.Popen:
 
 
 def bench_round_trip(address: str, num_sequences: int, length: int, steps: int,
-                     rng: random.Random) -> dict:
+                     rng: random.Random, earlier: list) -> dict:
     client = DrafterClient(address, timeout_s=30.0)  # measure the real latency, not the deadline
     workload = Workload(num_sequences, length, rng)
     contexts = workload.contexts
@@ -128,6 +148,11 @@ def bench_round_trip(address: str, num_sequences: int, length: int, steps: int,
     try:
         while client._stream is None:  # wait for the background connection
             time.sleep(0.01)
+        for number, (prompt, output) in enumerate(earlier):  # as in fill_memory, through the client
+            request_id = f"{prefix}earlier-{number}"
+            client.propose([DraftRequest(request_id, prompt, 0)])
+            client.propose([DraftRequest(request_id, prompt + output, 0)])
+            client.release([request_id])
         samples = []
         for step in range(steps + 1):
             requests = [DraftRequest(prefix + str(i), t, NUM_DRAFT_TOKENS) for i, t in enumerate(contexts)]
@@ -151,30 +176,35 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--contexts", default="4096,32768")
     parser.add_argument("--store", default=resolve_backend(), choices=("native", "python"))
+    parser.add_argument("--memory-tokens", type=int, default=DrafterConfig().max_memory_tokens)
+    parser.add_argument("--drafting", default="evidence", choices=("evidence", "ngram"))
     args = parser.parse_args()
+    config = DrafterConfig(max_tokens_held=10**9, drafting=args.drafting)
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     rng = random.Random(0)
 
-    print(f"server side, per batch, {args.store} store (ms; p50 / p90 / p99)")
+    earlier = earlier_requests(args.memory_tokens, rng)
+    print(f"server side, per batch, {args.store} store, drafting {args.drafting} (ms; p50 / p90 / p99), "
+          f"memory filled by {len(earlier)} earlier requests")
     print(f"{'seqs':>5} {'context':>8} {'first sync':>11} {'propose (domain)':>24} "
-          f"{'propose CPU time':>24} {'handler (with protobuf)':>24} {'draft hit':>9}")
+          f"{'propose CPU time':>24} {'handler (with protobuf)':>24} {'draft hit':>9} {'memory tokens':>13}")
     for length in contexts:
         for num_sequences in batches:
-            r = bench_server(num_sequences, length, args.steps, rng, args.store)
+            r = bench_server(num_sequences, length, args.steps, rng, config, args.store, earlier)
             print(f"{num_sequences:>5} {length:>8} {r['sync'] * 1e3:>9.1f}ms "
                   f"{'%.3f / %.3f / %.3f' % r['domain']:>24} {'%.3f / %.3f / %.3f' % r['domain_cpu']:>24} "
                   f"{'%.3f / %.3f / %.3f' % r['handler']:>24} "
-                  f"{r['hit']:>9.2f}")
+                  f"{r['hit']:>9.2f} {r['memory']:>13,}")
 
     port = free_port()
-    process = start_drafter(port, args.store)
+    process = start_drafter(port, args.store, args.drafting)
     try:
         print("\nclient round trip (DrafterClient.propose over loopback, drafter in its own process; ms)")
         print(f"{'seqs':>5} {'context':>8} {'first sync':>11} {'p50 / p90 / p99':>24} {'fallbacks':>9}")
         for length in contexts:
             for num_sequences in batches:
-                r = bench_round_trip(f"127.0.0.1:{port}", num_sequences, length, args.steps, rng)
+                r = bench_round_trip(f"127.0.0.1:{port}", num_sequences, length, args.steps, rng, earlier)
                 print(f"{num_sequences:>5} {length:>8} {r['sync'] * 1e3:>9.1f}ms "
                       f"{'%.3f / %.3f / %.3f' % r['rtt']:>24} {r['fallbacks']:>9}")
     finally:

@@ -61,9 +61,9 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
                           enable_prefix_caching=False, enforce_eager=eager, **changes)
     proposer = None
     if speculation:
-        from drafter_service.local import LocalNgramProposer
+        from drafter_service.local import LocalProposer
 
-        proposer = LocalNgramProposer()
+        proposer = LocalProposer()
     started = time.perf_counter()
     engine = Engine(config, proposer)
     run(engine, [prompts[0][:100]], [16])  # warm-up (compiles the prefill shapes)

@@ -3,11 +3,14 @@
     python bench/serve.py                      # starts `specd up` on offset ports, then measures
     python bench/serve.py --addr HOST:PORT --verifier-metrics http://HOST:9461/metrics
     python bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 8 --concurrency 1 32   # GPU
+    python bench/serve.py --workload extract --drafting ngram --skip-hf   # recorded requests, old drafter
 
 For each concurrency level it runs the workload with speculation off and on (and at batch 1 each
 --extra-k as the requests' own num_speculative_tokens, on the same server) and prints tokens/s,
 mean acceptance length (completion tokens / verifier steps), TTFT and per-token inter-token latency
-percentiles. At batch 1 it also runs Hugging Face `generate`, plain and with
+percentiles. --workload takes bench/drafter_acceptance.py's recorded requests (token ids, each to its
+recorded length or EOS) instead of the default repeat-this-code prompts; --drafting picks the stack's
+drafter rule. At batch 1 it also runs Hugging Face `generate`, plain and with
 `prompt_lookup_num_tokens`, on the same model, prompts and device, and estimates what the gRPC hops cost: the client's time between messages
 (one message per step at batch 1) against the verifier's own step time from its metrics.
 """
@@ -49,8 +52,11 @@ class RunResult:
         return self.completion_tokens / self.steps if self.steps else float("nan")
 
 
-async def _one_stream(stub, prompt: str, max_tokens: int, k: int, result: RunResult) -> None:
-    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+async def _one_stream(stub, prompt: str | list[int], max_tokens: int, k: int, result: RunResult) -> None:
+    if isinstance(prompt, tuple):  # a recorded request: (token ids, its own max_tokens)
+        prompt, max_tokens = prompt
+    text_or_ids = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+    request = gateway_pb2.GenerateRequest(**text_or_ids, max_tokens=max_tokens, temperature=0.0,
                                           num_speculative_tokens=k)
     started = last = time.perf_counter()
     async for response in stub.Generate(request):
@@ -127,10 +133,10 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, lookup_tok
     return results
 
 
-def start_stack(port_offset: int, k: int, device: str = "auto") -> subprocess.Popen:
+def start_stack(port_offset: int, k: int, device: str = "auto", drafting: str = "evidence") -> subprocess.Popen:
     """`specd up` on offset ports; returns once it prints `specd: ready`."""
     argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
-            "--num-speculative-tokens", str(k), "--device", device]
+            "--num-speculative-tokens", str(k), "--device", device, "--drafting", drafting]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     if process.stdout.readline().strip() != "specd: ready":
         process.kill()
@@ -170,16 +176,27 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens (its default 10)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--workload", default="humaneval", help="humaneval, or a workload of bench/drafter_acceptance.py")
+    parser.add_argument("--drafting", default="evidence", choices=["evidence", "ngram"], help="the stack's drafter rule")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    source, prompts = workload_prompts(args.num_prompts)
-    print(f"workload: {len(prompts)} prompts from {source}; max_tokens {args.max_tokens}")
+    if args.workload == "humaneval":
+        source, prompts = workload_prompts(args.num_prompts)
+    else:
+        from acceptance_recordings import load_or_record
+        from acceptance_workloads import WORKLOADS
+
+        source = f"{args.workload} recordings (each to its recorded length or EOS)"
+        recordings = load_or_record(args.workload, WORKLOADS[args.workload](), 256)[:args.num_prompts]
+        prompts = [(r.prompt_token_ids, len(r.output_token_ids)) for r in recordings]
+        args.skip_hf = True  # HF generate takes text prompts here
+    print(f"workload: {len(prompts)} prompts from {source}; max_tokens {args.max_tokens}; drafting {args.drafting}")
     stack = None
     if args.addr is None:
-        stack = start_stack(args.port_offset, args.num_speculative_tokens, args.device)
+        stack = start_stack(args.port_offset, args.num_speculative_tokens, args.device, args.drafting)
         args.addr = f"127.0.0.1:{GATEWAY_PORTS[0] + args.port_offset}"
         args.verifier_metrics = f"http://127.0.0.1:{VERIFIER_PORTS[1] + args.port_offset}/metrics"
     try:
@@ -217,7 +234,8 @@ def print_ratios(results: list[RunResult], k: int) -> None:
 
 
 def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
-    asyncio.run(run_workload(args.addr, prompts[:1], 1, 8, args.num_speculative_tokens))  # warm the path
+    # warm the path (a prompt of no workload: the drafter's memory must not learn a measured request)
+    asyncio.run(run_workload(args.addr, ["Hello, world."], 1, 8, args.num_speculative_tokens))
     results = []
     for concurrency in args.concurrency:
         extra = [k for k in args.extra_k if k not in (0, args.num_speculative_tokens)] if concurrency == 1 else []

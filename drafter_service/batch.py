@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+MAX_TENANT_KEY_CHARS = 128  # the gateway sends 32 hex digits
+
 
 @dataclass(frozen=True)
 class SequenceDelta:
@@ -22,6 +24,7 @@ class SequenceDelta:
     num_draft_tokens: int  # 0 only updates state
     min_ngram: int = 0  # 0 = the drafter's default
     max_ngram: int = 0
+    tenant_key: str = ""  # read where start = 0: its partition of the memory in the per-key scope
 
 
 @dataclass(slots=True)
@@ -36,7 +39,8 @@ class ProposeBatch:
     num_draft_tokens: Sequence[int]  # drafts wanted; 0 only updates state
     min_ngrams: Sequence[int] = ()  # 0 = the drafter's default; an empty column = defaults for all
     max_ngrams: Sequence[int] = ()
-    released_sequence_ids: Sequence[str] = ()  # forgotten before the sequences are applied
+    released_sequence_ids: Sequence[str] = ()  # forgotten (outputs remembered) before the sequences are applied
+    tenant_keys: Sequence[str] = ()  # read where start = 0; an empty column = "" for all
 
     @classmethod
     def from_deltas(cls, step_id: int, deltas: Iterable[SequenceDelta],
@@ -45,7 +49,7 @@ class ProposeBatch:
         return cls(step_id, [d.sequence_id for d in deltas], [d.start for d in deltas],
                    [len(d.new_token_ids) for d in deltas], [t for d in deltas for t in d.new_token_ids],
                    [d.num_draft_tokens for d in deltas], [d.min_ngram for d in deltas],
-                   [d.max_ngram for d in deltas], released_sequence_ids)
+                   [d.max_ngram for d in deltas], released_sequence_ids, [d.tenant_key for d in deltas])
 
     def column_error(self) -> tuple[str, str] | None:
         """(column, what is wrong) when the columns do not line up, else None."""
@@ -53,11 +57,13 @@ class ProposeBatch:
         for name in ("starts", "new_token_counts", "num_draft_tokens"):
             if len(getattr(self, name)) != count:
                 return name, "needs one entry per sequence_ids entry"
-        for name in ("min_ngrams", "max_ngrams"):
+        for name in ("min_ngrams", "max_ngrams", "tenant_keys"):
             if len(getattr(self, name)) not in (0, count):
                 return name, "needs one entry per sequence_ids entry, or none"
         if sum(self.new_token_counts) != len(self.new_token_ids):
             return "new_token_ids", "length is not the sum of new_token_counts"
+        if any(len(key) > MAX_TENANT_KEY_CHARS for key in self.tenant_keys):
+            return "tenant_keys", f"each must be at most {MAX_TENANT_KEY_CHARS} characters"
         return None
 
 
@@ -69,6 +75,8 @@ class DraftBatch:
     draft_counts: list[int] = field(default_factory=list)  # per sequence; 0 = no draft
     draft_token_ids: list[int] = field(default_factory=list)  # every draft, concatenated in order
     resync_sequence_ids: list[str] = field(default_factory=list)  # not held: send whole (start = 0)
+    memory_draft_tokens: int = 0  # of draft_token_ids, those copied from the memory (the rest: own contexts)
+    draft_length_counts: list[int] = field(default_factory=list)  # [n]: sequences that asked and got n tokens
 
     @property
     def num_draft_tokens(self) -> int:

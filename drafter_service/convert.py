@@ -22,6 +22,7 @@ def batch_from_pb(request: drafter_pb2.ProposeRequest) -> ProposeBatch:
         min_ngrams=request.min_ngrams,
         max_ngrams=request.max_ngrams,
         released_sequence_ids=request.released_sequence_ids,
+        tenant_keys=request.tenant_keys,
     )
     error = batch.column_error()
     if error is not None:

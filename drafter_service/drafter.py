@@ -3,6 +3,8 @@
 Sequence ids are unique only within one verifier's stream (many verifiers may share a drafter), so
 each stream gets a `DrafterSession` whose number namespaces its ids in the shared sequence store, and
 which forgets all of them when the stream ends (the verifier re-syncs everything on a new stream anyway).
+The memory of earlier outputs is the store's, shared by every session: what one verifier's requests
+produced drafts another's.
 The store is native (C++) when built, else Python: drafter_service/stores.py chooses.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ class Drafter:
         """`store_backend`: "native" or "python"; None = native when built (stores.resolve_backend)."""
         self.config = config
         self.store_backend = resolve_backend(store_backend)
-        self.store = new_sequence_store(config.max_ngram, config.max_tokens_held, self.store_backend)
+        self.store = new_sequence_store(config, self.store_backend)
         self._session_numbers = itertools.count()
         logger.info("drafter: %s sequence store", self.store_backend)
 
@@ -44,7 +46,7 @@ class DrafterSession:
         """Release, then update and propose for every sequence of the (checked) batch, in order."""
         store = self._drafter.store
         store.release_sequences(self._number, batch.released_sequence_ids)
-        return store.propose_batch(self._number, batch, self._drafter.config)
+        return store.propose_batch(self._number, batch)
 
     def held_tokens(self, sequence_id: str) -> list[int] | None:
         """The context the drafter holds for one of this stream's sequences (None if none)."""

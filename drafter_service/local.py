@@ -1,52 +1,50 @@
-"""The n-gram drafter in-process: the engine's Proposer protocol over the same index, no RPC.
+"""The drafter in-process: the engine's Proposer protocol over the drafter's own sequence store, no RPC.
 
-Used by engine tests and benches, and wherever a separate drafter process is not wanted. Each
-request's context is taken as append-only between steps: only tokens beyond what the index holds
-are appended; a context that shrank or whose last held token changed is re-indexed from scratch.
+The same store as the service (native when built, stores.py), so the same index, evidence rule and
+memory of earlier outputs: engine tests, benches and replays draft exactly as a drafter process would.
+Each request's context is taken as append-only between steps: only tokens beyond what the store holds
+are sent; a context that shrank or whose last held token changed is sent whole again (start = 0).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from drafter_service.batch import ProposeBatch, SequenceDelta
 from drafter_service.config import DrafterConfig
-from drafter_service.state import SequenceStore
+from drafter_service.stores import new_sequence_store
 from verifier_service.engine.proposer import DraftRequest
 
+_SESSION = 0  # the store's namespace for this process's request ids
 
-class LocalNgramProposer:
-    """Implements verifier_service.engine.proposer.Proposer with prompt lookup, in this process."""
 
-    def __init__(self, config: DrafterConfig | None = None) -> None:
+class LocalProposer:
+    """Implements verifier_service.engine.proposer.Proposer with the drafter's store, in this process."""
+
+    def __init__(self, config: DrafterConfig | None = None, store_backend: str | None = None) -> None:
         self.config = config or DrafterConfig()
-        self._store = SequenceStore(self.config.max_ngram, self.config.max_tokens_held)
-        self._held_lengths: dict[str, int] = {}
+        self.store = new_sequence_store(self.config, store_backend)
+        self._sent: dict[str, tuple[int, int]] = {}  # per request: (tokens held, the last of them)
+        self.proposed_tokens = [0, 0]  # draft tokens proposed so far, from (own contexts, the memory)
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
-        """Drafts per request id; requests with num_draft_tokens == 0 only update the index."""
-        return {r.request_id: self._propose_one(r) for r in requests}
+        """Drafts per request id; requests with num_draft_tokens == 0 only update the store."""
+        deltas = [self._delta(request) for request in requests]
+        reply = self.store.propose_batch(_SESSION, ProposeBatch.from_deltas(0, deltas))
+        for request_id in reply.resync_sequence_ids:  # evicted: send it whole next time
+            self._sent.pop(request_id, None)
+        self.proposed_tokens[0] += reply.num_draft_tokens - reply.memory_draft_tokens
+        self.proposed_tokens[1] += reply.memory_draft_tokens
+        return dict(zip((r.request_id for r in requests), reply.drafts()))
 
-    def _propose_one(self, request: DraftRequest) -> list[int]:
-        index = self._sync(request.request_id, request.token_ids)
-        if index is None:
-            return []
-        config = self.config
-        return index.propose(min(request.num_draft_tokens, config.max_draft_tokens),
-                             request.min_ngram or config.min_ngram,
-                             request.max_ngram or config.max_ngram)
-
-    def _sync(self, request_id: str, token_ids: Sequence[int]):
-        key = request_id
-        held = self._held_lengths.get(request_id, 0)
-        if held and (held > len(token_ids) or key not in self._store):
-            held = 0
-        index = self._store.apply(key, held, token_ids[held:])
-        if index is not None and held and index.tokens[held - 1] != token_ids[held - 1]:
-            index = self._store.apply(key, 0, token_ids)  # the context was rewritten: start afresh
-        self._held_lengths[request_id] = len(token_ids) if index is not None else 0
-        return index
+    def _delta(self, request: DraftRequest) -> SequenceDelta:
+        tokens = request.token_ids
+        held, last = self._sent.get(request.request_id, (0, None))
+        if held > len(tokens) or (held and tokens[held - 1] != last):
+            held = 0  # the context was rewritten: start afresh
+        self._sent[request.request_id] = (len(tokens), tokens[-1] if tokens else None)
+        return SequenceDelta(request.request_id, held, tokens[held:], request.num_draft_tokens,
+                             request.min_ngram, request.max_ngram, request.tenant_key)
 
     def release(self, request_ids: Sequence[str]) -> None:
-        """Forget finished or aborted requests."""
-        for request_id in request_ids:
-            self._store.release(request_id)
-            self._held_lengths.pop(request_id, None)
+        """Forget finished or aborted requests (their outputs go to the memory of earlier outputs)."""
+        self.store.release_sequences(_SESSION, [i for i in request_ids if self._sent.pop(i, None)])

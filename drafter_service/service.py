@@ -31,10 +31,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 started = time.perf_counter()
                 drafts = session.step(convert.batch_from_pb(request))
                 response = convert.drafts_to_pb(drafts)
+                store = self._drafter.store
+                from_memory = drafts.memory_draft_tokens
                 self._on_step(StepStats(seconds=time.perf_counter() - started,
                                         num_sequences=len(drafts.draft_counts),
-                                        proposed_tokens=drafts.num_draft_tokens,
-                                        sequences_held=len(self._drafter.store)))
+                                        proposed_tokens=(drafts.num_draft_tokens - from_memory, from_memory),
+                                        draft_lengths=drafts.draft_length_counts, sequences_held=len(store),
+                                        memory_tokens=store.memory_tokens))
                 if self._inject_delay_seconds:
                     await asyncio.sleep(self._inject_delay_seconds)
                 yield response

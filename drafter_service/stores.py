@@ -1,8 +1,9 @@
 """Which sequence store the drafter runs: the native one (C++) when it is built, else the Python one.
 
-Both follow the same rules (drafter_service/ngram.py and state.py's docstrings) and the same
-interface: `propose_batch(session, batch, config) -> DraftBatch`, `release_sequences(session, ids)`,
-`release_session(session)`, `len()`, `total_tokens`, `num_evicted`. The native store
+Both follow the same rules (the docstrings of drafter_service/ngram.py, evidence.py, memory.py and
+state.py) and the same interface: `propose_batch(session, batch) -> DraftBatch`,
+`release_sequences(session, ids)`, `release_session(session)`, `held_tokens(session, id)`, `len()`,
+`total_tokens`, `num_evicted`, `memory_tokens`. The native store
 (native_store.cpp, built by `pip install -e .` through setup.py) does a whole batch in one call; the
 Python store (state.py) is the reference the tests compare it with, and the fallback where the code
 runs from PYTHONPATH without an install. `resolve_backend` is the one place that chooses (the
@@ -15,7 +16,7 @@ import os
 from collections.abc import Sequence
 
 from drafter_service.batch import DraftBatch, ProposeBatch
-from drafter_service.config import DrafterConfig
+from drafter_service.config import MEMORY_SCOPES, DrafterConfig
 from drafter_service.state import SequenceStore
 
 try:
@@ -29,17 +30,20 @@ BACKENDS = ("native", "python") if _native_store is not None else ("python",)  #
 class NativeSequenceStore:
     """The C++ store behind the Python store's batch interface."""
 
-    def __init__(self, max_ngram: int, max_tokens_held: int) -> None:
-        self._store = _native_store.SequenceStore(max_ngram, max_tokens_held)
+    def __init__(self, config: DrafterConfig) -> None:
+        self._store = _native_store.SequenceStore(
+            config.min_ngram, config.max_ngram, config.max_draft_tokens, config.max_tokens_held,
+            config.max_memory_tokens, MEMORY_SCOPES.index(config.memory_scope), config.min_draft_probability,
+            config.drafting == "ngram")
 
-    def propose_batch(self, session: int, batch: ProposeBatch, config: DrafterConfig) -> DraftBatch:
+    def propose_batch(self, session: int, batch: ProposeBatch) -> DraftBatch:
         """Apply every delta and propose, in order, in one native call."""
-        counts, drafts, resync_positions = self._store.propose_batch(
+        counts, drafts, resync_positions, memory_draft_tokens, length_counts = self._store.propose_batch(
             session, batch.sequence_ids, batch.starts, batch.new_token_counts, batch.new_token_ids,
-            batch.num_draft_tokens, batch.min_ngrams, batch.max_ngrams,
-            config.min_ngram, config.max_ngram, config.max_draft_tokens)
+            batch.num_draft_tokens, batch.min_ngrams, batch.max_ngrams, batch.tenant_keys)
         ids = batch.sequence_ids
-        return DraftBatch(batch.step_id, counts, drafts, [ids[i] for i in resync_positions])
+        return DraftBatch(batch.step_id, counts, drafts, [ids[i] for i in resync_positions],
+                          memory_draft_tokens, length_counts)
 
     def release_sequences(self, session: int, sequence_ids: Sequence[str]) -> None:
         if sequence_ids:
@@ -63,6 +67,10 @@ class NativeSequenceStore:
     def num_evicted(self) -> int:
         return self._store.num_evicted
 
+    @property
+    def memory_tokens(self) -> int:
+        return self._store.memory_tokens
+
 
 def resolve_backend(backend: str | None = None) -> str:
     """`backend` if given, else $SPECD_DRAFTER_STORE if set, else native when built, else python."""
@@ -72,9 +80,8 @@ def resolve_backend(backend: str | None = None) -> str:
     return backend
 
 
-def new_sequence_store(max_ngram: int, max_tokens_held: int,
-                       backend: str | None = None) -> NativeSequenceStore | SequenceStore:
+def new_sequence_store(config: DrafterConfig, backend: str | None = None) -> NativeSequenceStore | SequenceStore:
     """A store of `backend` ("native" or "python"; None: see resolve_backend)."""
     if resolve_backend(backend) == "native":
-        return NativeSequenceStore(max_ngram, max_tokens_held)
-    return SequenceStore(max_ngram, max_tokens_held)
+        return NativeSequenceStore(config)
+    return SequenceStore(config)

@@ -36,7 +36,8 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
         num_speculative_tokens=request.num_speculative_tokens,
     )
     return verifier_pb2.VerifierGenerateRequest(
-        request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling)
+        request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling,
+        tenant_key=request.tenant_key)
 
 
 def usage_from_pb(message: common_pb2.Usage) -> Usage:

@@ -24,6 +24,7 @@ from gateway.openai_unsupported import without_unsupported
 from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
+from gateway.tenant import TENANT_HEADER, tenant_key
 
 
 def create_app(pipeline: Pipeline, api_key: str | None = None,
@@ -85,7 +86,9 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     data = await read_json_object(request, pipeline.max_body_bytes())
     body = parse_body(schema, without_unsupported(data))
     pipeline.check_model(body.model)
-    generation = await pipeline.validate(body.request_fields())
+    headers = request.headers
+    generation = await pipeline.validate(body.request_fields(),
+                                         tenant_key(headers.get("authorization"), headers.get(TENANT_HEADER)))
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
     chunks = pipeline.generate(generation, deadline)

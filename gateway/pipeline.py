@@ -5,6 +5,7 @@ Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call thi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -58,12 +59,13 @@ class Pipeline:
         text_bytes = self.tokenizer.max_token_bytes * self.max_model_len()
         return min(MAX_MESSAGE_BYTES, _BODY_OVERHEAD_BYTES + _JSON_BYTES_PER_TEXT_BYTE * text_bytes)
 
-    async def validate(self, fields: RequestFields) -> GenerationRequest:
-        """The validated request; raises RequestError naming the bad field.
+    async def validate(self, fields: RequestFields, tenant_key: str = "") -> GenerationRequest:
+        """The validated request for `tenant_key` (gateway/tenant.py); raises RequestError naming the bad field.
 
         Tokenizing runs on a worker thread (the tokenizer releases the GIL), so a long prompt does not
         hold up the event loop and every other request on it."""
-        return await asyncio.to_thread(validate, fields, self.tokenizer, self.max_model_len())
+        request = await asyncio.to_thread(validate, fields, self.tokenizer, self.max_model_len())
+        return dataclasses.replace(request, tenant_key=tenant_key)
 
     def check_model(self, model: str | None) -> None:
         """Raises RequestError when the HTTP `model` field names a model not served here."""

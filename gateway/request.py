@@ -24,6 +24,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     num_speculative_tokens: int | None = None  # None = the verifier's default; 0 = speculation off
+    tenant_key: str = ""  # who it is for (gateway/tenant.py): the drafter's per-key memory scope
 
 
 @dataclass

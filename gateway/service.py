@@ -9,6 +9,7 @@ import grpc
 from gateway import convert
 from gateway.pipeline import Pipeline
 from gateway.router import UpstreamError
+from gateway.tenant import TENANT_HEADER, tenant_key
 from gateway.validation import RequestError
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -21,7 +22,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         try:
-            generation = await self.pipeline.validate(convert.fields_from_generate_request(request))
+            metadata = dict(context.invocation_metadata() or ())
+            tenant = tenant_key(metadata.get("authorization"), metadata.get(TENANT_HEADER))
+            generation = await self.pipeline.validate(convert.fields_from_generate_request(request), tenant)
         except RequestError as error:
             self.pipeline.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)

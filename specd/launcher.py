@@ -71,7 +71,12 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
             argv += [flag, value]
     if options.kv_cache_bytes is not None:
         argv += ["--kv-cache-bytes", str(options.kv_cache_bytes)]
-    argv += ["--max-waiting-requests", str(options.max_waiting_requests)]
+    argv += ["--max-waiting-requests", str(options.max_waiting_requests),
+             "--draft-memory-scope", options.draft_memory_scope, "--drafting", options.drafting]
+    for flag, number in (("--draft-memory-tokens", options.draft_memory_tokens),
+                         ("--draft-min-probability", options.draft_min_probability)):
+        if number is not None:
+            argv += [flag, str(number)]
     if options.log_requests:
         argv.append("--log-requests")
     return argv

@@ -20,6 +20,8 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ASYNC_SCHEDULING = ("auto", "on", "off")
 MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
+DRAFT_MEMORY_SCOPES = ("global", "per-key", "off")  # drafter_service/config.py's MEMORY_SCOPES
+DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.drafting
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class ServiceOptions:
     inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
     async_scheduling: str = "auto"  # verifier: launch the next step before this one's tokens reach the host
     tensor_parallel_size: int = 1  # verifier: processes (one GPU each) the model is sharded over
+    draft_memory_scope: str = "global"  # drafter: what its memory of earlier outputs may be shared across
+    draft_memory_tokens: int | None = None  # drafter: tokens that memory holds (None = the drafter's default)
+    draft_min_probability: float | None = None  # drafter: stop a draft below this chance (None = its default)
+    drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -70,6 +76,11 @@ class ServiceOptions:
             raise ValueError("max_waiting_requests: must be >= 1")
         if self.inject_delay_ms < 0:
             raise ValueError("inject_delay_ms: must be >= 0")
+        if self.draft_memory_scope not in DRAFT_MEMORY_SCOPES:
+            raise ValueError(f"draft_memory_scope: must be one of {', '.join(DRAFT_MEMORY_SCOPES)}, "
+                             f"got {self.draft_memory_scope!r}")
+        if self.drafting not in DRAFTING:
+            raise ValueError(f"drafting: must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ValueError(f"async_scheduling: must be one of {', '.join(ASYNC_SCHEDULING)}, "
                              f"got {self.async_scheduling!r}")
@@ -150,10 +161,28 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        default=int(_env("tensor_parallel_size", defaults.tensor_parallel_size)),
                        help="verifier: shard the model over this many GPUs of the host, one process each "
                             "(on the CPU: processes)")
+    group.add_argument("--draft-memory-scope", choices=DRAFT_MEMORY_SCOPES,
+                       default=_env("draft_memory_scope", defaults.draft_memory_scope),
+                       help="drafter: share its memory of earlier outputs across all requests (global), only "
+                            "among requests of one tenant key (per-key), or keep none (off); see the README")
+    group.add_argument("--draft-memory-tokens", type=int, default=_optional_int(_env("draft_memory_tokens", None)),
+                       help="drafter: tokens of earlier outputs it remembers (default 1,000,000)")
+    group.add_argument("--draft-min-probability", type=float,
+                       default=_optional_float(_env("draft_min_probability", None)),
+                       help="drafter: a draft stops before the token whose estimated chance of acceptance falls "
+                            "below this (default 0.15; 0 = always as many as asked)")
+    group.add_argument("--drafting", choices=DRAFTING, default=_env("drafting", defaults.drafting),
+                       help="drafter: evidence (own context and memory, lengths from the evidence) or ngram "
+                            "(plain prompt lookup, k drafts whenever anything matches: the drafter before "
+                            "its memory, kept for comparisons)")
 
 
 def _optional_int(value: str | None) -> int | None:
     return None if value in (None, "") else int(value)
+
+
+def _optional_float(value: str | None) -> float | None:
+    return None if value in (None, "") else float(value)
 
 
 def options_from_args(args: argparse.Namespace) -> ServiceOptions:
@@ -168,4 +197,7 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
         log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
+        draft_memory_scope=args.draft_memory_scope,
+        draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
+        drafting=args.drafting,
     )

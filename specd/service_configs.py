@@ -32,13 +32,19 @@ def gateway_config_from_options(options: ServiceOptions):
 
 
 def drafter_config_from_options(options: ServiceOptions):
-    """The drafter holds no model: only where it listens."""
+    """The drafter holds no model: where it listens, and what its memory keeps."""
     from drafter_service.config import DrafterConfig
 
+    defaults = DrafterConfig()
     return DrafterConfig(
         host=options.host,
         port=DRAFTER_PORTS[0] if options.port is None else options.port,
         metrics_port=DRAFTER_PORTS[1] if options.metrics_port is None else options.metrics_port,
         tls=_tls(options),
         inject_delay_ms=options.inject_delay_ms,
+        memory_scope=options.draft_memory_scope,
+        max_memory_tokens=options.draft_memory_tokens or defaults.max_memory_tokens,
+        min_draft_probability=(defaults.min_draft_probability if options.draft_min_probability is None
+                               else options.draft_min_probability),
+        drafting=options.drafting,
     )

@@ -2,11 +2,14 @@
 imports *_pb2. Bad input raises InvalidParameter naming the field (INVALID_ARGUMENT on the wire)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+
+
+MAX_TENANT_KEY_BYTES = 128  # the gateway sends 32 hex digits; the drafter refuses longer keys
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,10 @@ def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
                                                    f"within max_model_len {limits.max_model_len}")
     if min(prompt) < 0 or max(prompt) >= limits.vocab_size:
         raise InvalidParameter("prompt_token_ids", f"ids must be in [0, {limits.vocab_size})")
-    return request.request_id, prompt, sampling_from_proto(request.sampling, len(prompt), limits)
+    if len(request.tenant_key.encode()) > MAX_TENANT_KEY_BYTES:
+        raise InvalidParameter("tenant_key", f"must be at most {MAX_TENANT_KEY_BYTES} bytes")
+    params = sampling_from_proto(request.sampling, len(prompt), limits)
+    return request.request_id, prompt, replace(params, tenant_key=request.tenant_key)
 
 
 def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,

@@ -69,6 +69,7 @@ def _step_to_pb(step: _Step) -> drafter_pb2.ProposeRequest:
         num_draft_tokens=[r.num_draft_tokens for r in requests],
         min_ngrams=[r.min_ngram for r in requests],
         max_ngrams=[r.max_ngram for r in requests],
+        tenant_keys=[r.tenant_key if start == 0 else "" for r, start in zip(requests, step.starts)],
     )
 
 

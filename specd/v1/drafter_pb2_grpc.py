@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DrafterStub:
-    """Proposes draft tokens (prompt lookup / n-gram) for all sequences of a verifier in one round trip.
+    """Proposes draft tokens for all sequences of a verifier in one round trip, from each sequence's own
+    context and from the drafter's memory of earlier outputs (of every verifier's requests).
 
     Messages are columnar: one repeated field per per-sequence value, entry i of every column
     describing sequence i, and the sequences' tokens concatenated. Per-sequence sub-messages cost
@@ -47,7 +48,8 @@ class DrafterStub:
 
 
 class DrafterServicer:
-    """Proposes draft tokens (prompt lookup / n-gram) for all sequences of a verifier in one round trip.
+    """Proposes draft tokens for all sequences of a verifier in one round trip, from each sequence's own
+    context and from the drafter's memory of earlier outputs (of every verifier's requests).
 
     Messages are columnar: one repeated field per per-sequence value, entry i of every column
     describing sequence i, and the sequences' tokens concatenated. Per-sequence sub-messages cost
@@ -79,7 +81,8 @@ def add_DrafterServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Drafter:
-    """Proposes draft tokens (prompt lookup / n-gram) for all sequences of a verifier in one round trip.
+    """Proposes draft tokens for all sequences of a verifier in one round trip, from each sequence's own
+    context and from the drafter's memory of earlier outputs (of every verifier's requests).
 
     Messages are columnar: one repeated field per per-sequence value, entry i of every column
     describing sequence i, and the sequences' tokens concatenated. Per-sequence sub-messages cost

@@ -96,3 +96,32 @@ def test_port_offset_moves_every_service_and_replicas_get_consecutive_ports():
 def test_too_many_verifiers_is_refused():
     with pytest.raises(ValueError, match="num_verifiers"):
         plan_stack(ServiceOptions(), num_verifiers=11, port_offset=0)
+
+
+@pytest.mark.parametrize("argv, env, scope", [([], {}, "global"), (["--draft-memory-scope", "per-key"], {}, "per-key"),
+                                              ([], {"SPECD_DRAFT_MEMORY_SCOPE": "off"}, "off")])
+def test_the_draft_memory_scope_reaches_the_drafter_config(monkeypatch, argv, env, scope):
+    from specd.service_configs import drafter_config_from_options
+
+    assert drafter_config_from_options(parse(["drafter", *argv], monkeypatch, **env)).memory_scope == scope
+
+
+def test_drafter_memory_options_reach_its_config_and_up_forwards_them(monkeypatch):
+    from specd.service_configs import drafter_config_from_options
+
+    options = parse(["up", "--draft-memory-scope", "per-key", "--draft-min-probability", "0.4"], monkeypatch,
+                    SPECD_DRAFT_MEMORY_TOKENS="5000", SPECD_DRAFTING="ngram")
+    config = drafter_config_from_options(options)
+    assert (config.memory_scope, config.max_memory_tokens, config.min_draft_probability, config.drafting) == (
+        "per-key", 5000, 0.4, "ngram")
+    drafter = plan_stack(options, num_verifiers=1, port_offset=0)[0]
+    assert drafter.name == "drafter"
+    assert drafter.argv[drafter.argv.index("--draft-memory-scope") + 1] == "per-key"
+    assert drafter.argv[drafter.argv.index("--draft-min-probability") + 1] == "0.4"
+
+
+def test_an_unknown_draft_memory_scope_is_refused_naming_the_option():
+    with pytest.raises(ValueError, match="draft_memory_scope"):
+        ServiceOptions(draft_memory_scope="tenant")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["drafter", "--draft-memory-scope", "tenant"])

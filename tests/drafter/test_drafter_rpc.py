@@ -1,8 +1,13 @@
-"""A real drafter server (on each store built here) and the verifier's real DrafterClient on loopback."""
+"""A real drafter server (on each store built here) and the verifier's real DrafterClient on loopback.
+
+These pin the stream's mechanics (deltas, re-syncs, late replies, errors, metrics), so the drafter runs
+plain prompt lookup without memory, whose drafts are easy to predict; test_shared_memory.py covers the
+memory over real streams."""
 from __future__ import annotations
 
 import time
 import urllib.request
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -19,7 +24,8 @@ from verifier_service.engine.proposer import DraftRequest
 
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, min_ngram=1, max_ngram=4)
+CONFIG = DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, min_ngram=1, max_ngram=4, drafting="ngram",
+                       memory_scope="off")
 GENEROUS_S = 5.0  # deadline for steps whose drafts the test checks (a loaded CI box can be slow)
 
 
@@ -73,8 +79,7 @@ def test_a_batched_round_trip_sends_deltas_and_returns_every_sequences_drafts(dr
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_evicted_sequence_is_resynced_and_drafts_again(backend):
-    with ThreadedDrafter(DrafterConfig(host="127.0.0.1", port=0, metrics_port=None,
-                                       max_tokens_held=8), backend) as small:
+    with ThreadedDrafter(replace(CONFIG, metrics_port=None, max_tokens_held=8), backend) as small:
         client = DrafterClient(small.address, timeout_s=GENEROUS_S)
         try:
             tokens = [3, 4, 5, 3, 4]
@@ -120,14 +125,18 @@ def test_a_reply_that_arrived_while_the_step_ran_is_used_after_its_deadline(draf
     assert client.num_fallbacks == fallbacks
 
 
-def test_columns_that_do_not_line_up_are_refused_with_invalid_argument(drafter):
-    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], new_token_counts=[3],
-                                     new_token_ids=[1, 2], num_draft_tokens=[4])
+@pytest.mark.parametrize("columns, field", [
+    (dict(new_token_counts=[3], new_token_ids=[1, 2]), "new_token_ids"),
+    (dict(new_token_counts=[1], new_token_ids=[1], tenant_keys=["a", "b"]), "tenant_keys"),
+    (dict(new_token_counts=[1], new_token_ids=[1], tenant_keys=["k" * 129]), "tenant_keys"),
+])
+def test_bad_columns_are_refused_with_invalid_argument_naming_them(drafter, columns, field):
+    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], num_draft_tokens=[4], **columns)
     with grpc.insecure_channel(drafter.address) as channel:
         with pytest.raises(grpc.RpcError) as error:
             list(drafter_pb2_grpc.DrafterStub(channel).Propose(iter([bad]), timeout=5))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.value.details().startswith("new_token_ids:")
+    assert error.value.details().startswith(f"{field}:")
 
 
 def test_health_is_serving_and_reflection_lists_the_drafter(drafter):

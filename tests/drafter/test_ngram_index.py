@@ -41,6 +41,19 @@ def test_extending_in_chunks_indexes_like_appending_one_by_one(tokens, chunks, b
         assert chunked.tokens == single.tokens and chunked._latest == single._latest
 
 
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.one_of(small_alphabet, wide_ids), limit=st.integers(1, 9), bounds=bounds)
+def test_occurrences_are_every_earlier_occurrence_latest_first(tokens, limit, bounds):
+    index = NgramIndex(*bounds)
+    for length in range(len(tokens) + 1):
+        for n in range(bounds[0], bounds[1] + 1):
+            suffix = tokens[length - n:length]
+            every = [end for end in range(length - 1, n - 1, -1) if tokens[end - n:end] == suffix] if n < length else []
+            assert index.occurrences(n, limit) == every[:limit]
+        if length < len(tokens):
+            index.append(tokens[length])
+
+
 @settings(max_examples=200, deadline=None)
 @given(tokens=small_alphabet, k=st.integers(1, 8), ask=bounds)
 def test_per_request_bounds_inside_the_indexed_range(tokens, k, ask):

@@ -19,37 +19,37 @@ from drafter_service.stores import BACKENDS, resolve_backend
 
 
 def test_deltas_extend_the_held_context():
-    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=100))
     store.apply("a", 0, [1, 2, 3])
-    index = store.apply("a", 3, [1, 2])
+    index = store.apply("a", 3, [1, 2]).index
     assert index.tokens == [1, 2, 3, 1, 2]
     assert index.propose(2) == [3, 1]
     assert store.total_tokens == 5
 
 
 def test_start_zero_replaces_the_context():
-    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=100))
     store.apply("a", 0, [1, 2, 3])
-    assert store.apply("a", 0, [9, 9]).tokens == [9, 9]
+    assert store.apply("a", 0, [9, 9]).index.tokens == [9, 9]
     assert store.total_tokens == 2
 
 
 def test_a_start_that_does_not_match_asks_for_resync_and_drops_the_sequence():
-    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=100))
     store.apply("a", 0, [1, 2, 3])
     assert store.apply("a", 2, [7]) is None
     assert "a" not in store and store.total_tokens == 0
     assert store.apply("a", 3, [4]) is None  # still unknown until it is sent whole
-    assert store.apply("a", 0, [1, 2, 3, 4]).tokens == [1, 2, 3, 4]
+    assert store.apply("a", 0, [1, 2, 3, 4]).index.tokens == [1, 2, 3, 4]
 
 
 def test_an_unknown_sequence_asks_for_resync():
-    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=100))
     assert store.apply("never-seen", 5, [1]) is None
 
 
 def test_release_forgets_and_ignores_unknown_ids():
-    store = SequenceStore(max_ngram=4, max_tokens_held=100)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=100))
     store.apply("a", 0, [1, 2, 3])
     store.release("a")
     store.release("unknown")
@@ -57,7 +57,7 @@ def test_release_forgets_and_ignores_unknown_ids():
 
 
 def test_eviction_drops_the_least_recently_used_until_the_budget_holds():
-    store = SequenceStore(max_ngram=4, max_tokens_held=10)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=10))
     store.apply("old", 0, [1] * 4)
     store.apply("used", 0, [2] * 4)
     store.apply("old", 4, [1])  # "old" is now the most recently used
@@ -67,7 +67,7 @@ def test_eviction_drops_the_least_recently_used_until_the_budget_holds():
 
 
 def test_a_sequence_bigger_than_the_budget_is_not_held():
-    store = SequenceStore(max_ngram=4, max_tokens_held=3)
+    store = SequenceStore(DrafterConfig(max_ngram=4, max_tokens_held=3))
     assert store.apply("huge", 0, [1, 2, 3, 4]) is None
     assert store.total_tokens == 0
 

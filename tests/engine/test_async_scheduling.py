@@ -237,3 +237,20 @@ def test_usage_reports_the_k_a_request_ran_with(references):
         usage.update({o.request_id: o.usage for o in engine.step() if o.finished})
     assert {rid: u.num_speculative_tokens for rid, u in usage.items()} == {"r1": 4, "r2": 2, "r3": 6, "r4": 0}
     assert usage["r4"].draft_tokens == 0 and usage["r3"].accepted_tokens > usage["r2"].accepted_tokens
+
+
+def test_every_draft_request_carries_its_tenant_key_also_when_asked_ahead(references):
+    asked: list[tuple[str, str]] = []
+
+    class TenantRecordingOracle(OracleProposer):
+        def propose(self, requests):
+            asked.extend((r.request_id, r.tenant_key) for r in requests)
+            return super().propose(requests)
+
+    engine = make_engine(TenantRecordingOracle(references))
+    for request_id, prompt in PROMPTS.items():
+        engine.add_request(request_id, prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                              tenant_key=f"tenant-of-{request_id}"))
+    assert run(engine) == expected(references)
+    assert sum(s.scheduled_ahead for s in engine.take_step_stats()) > 0  # lookahead requests were asked
+    assert asked and all(tenant == f"tenant-of-{request_id}" for request_id, tenant in asked)

@@ -27,14 +27,14 @@ def default_model():
 
 def make_engine(model_path, speculation: bool):
     from drafter_service.config import DrafterConfig
-    from drafter_service.local import LocalNgramProposer
+    from drafter_service.local import LocalProposer
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine
 
     config = EngineConfig(model=str(model_path), device="cuda", dtype="bfloat16", block_size=BLOCK,
                           kv_cache_bytes=256 << 20, max_num_seqs=8, num_speculative_tokens=4,
                           enable_prefix_caching=False)
-    proposer = LocalNgramProposer(DrafterConfig(min_ngram=1, max_ngram=4)) if speculation else None
+    proposer = LocalProposer(DrafterConfig(min_ngram=1, max_ngram=4)) if speculation else None
     return Engine(config, proposer)
 
 

@@ -16,6 +16,7 @@ CONTRACT_SAMPLE_NAMES = {
     "specd_request_errors_total",
     # drafter
     "specd_drafter_propose_seconds_bucket", "specd_drafter_sequences", "specd_drafter_proposed_tokens_total",
+    "specd_drafter_memory_tokens", "specd_drafter_draft_length_bucket",
 }
 
 

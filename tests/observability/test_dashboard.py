@@ -22,6 +22,9 @@ REQUIRED_PANEL_TITLES = {
     "Preemptions",
     "Drafter propose time percentiles",
     "Drafter fallbacks",
+    "Drafted tokens by source",
+    "Draft length percentiles",
+    "Drafter memory",
     "Error rate by code",
 }
 SELECTOR = 'namespace=~"$namespace", instance=~"$instance"'

@@ -104,6 +104,15 @@ def test_verifier_refuses_token_ids_outside_the_vocabulary(small_stack, bystande
     assert caught.value.details().startswith("prompt_token_ids:")
 
 
+def test_verifier_refuses_an_oversized_tenant_key(small_stack, bystander):
+    request = verifier_pb2.VerifierGenerateRequest(request_id="bad-tenant", prompt_token_ids=[3, 4], tenant_key="k" * 129)
+    with grpc.insecure_channel(small_stack.verifier_addresses[0]) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(verifier_pb2_grpc.VerifierStub(channel).Generate(request, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("tenant_key:")
+
+
 @pytest.mark.parametrize("body, param", HTTP_CASES, ids=[p for _, p in HTTP_CASES])
 def test_http_bad_field_is_400_naming_it(small_stack, bystander, body, param):
     response = httpx.post(f"{small_stack.http_url}/v1/completions", json=body, timeout=60)

@@ -29,7 +29,9 @@ GATEWAY_FAMILIES = {
 DRAFTER_FAMILIES = {
     "specd_drafter_propose_seconds": "histogram",
     "specd_drafter_sequences": "gauge",
-    "specd_drafter_proposed_tokens": "counter",
+    "specd_drafter_proposed_tokens": "counter",  # label: source (context | memory)
+    "specd_drafter_memory_tokens": "gauge",
+    "specd_drafter_draft_length": "histogram",
 }
 # Stages CONTRACT.md requires of specd_step_stage_seconds{stage}.
 REQUIRED_STAGES = {"propose", "score", "verify", "schedule"}

@@ -25,6 +25,7 @@ class DraftRequest:
     num_draft_tokens: int  # at most this many drafts are used (already capped by max_tokens / model len)
     min_ngram: int = 0  # 0 = the proposer's default
     max_ngram: int = 0
+    tenant_key: str = ""  # whose memory of earlier outputs may draft it (the drafter's per-key scope)
 
 
 class PendingProposal(Protocol):

@@ -25,6 +25,7 @@ class SamplingParams:
     # n-gram bounds for the drafter; 0 = the drafter's defaults.
     min_ngram: int = 0
     max_ngram: int = 0
+    tenant_key: str = ""  # for the drafter's per-key memory scope (gateway/tenant.py); "" = no tenant
 
     def __post_init__(self) -> None:
         checks = [

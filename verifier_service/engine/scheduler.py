@@ -107,8 +107,9 @@ class Scheduler:
                 continue
             k = self._max_drafts(request, extra=scheduled.num_draft_tokens + 1)
             if k > 0:
+                params = request.params
                 wanted.append(DraftRequest(request.request_id, request.token_ids, scheduled.num_draft_tokens + 1 + k,
-                                           request.params.min_ngram, request.params.max_ngram))
+                                           params.min_ngram, params.max_ngram, params.tenant_key))
         return wanted
 
     def _schedule(self, ahead: bool) -> ScheduledBatch:
@@ -229,8 +230,9 @@ class Scheduler:
         for scheduled in batch.requests:
             request = self.requests[scheduled.request_id]
             if request.num_draft_slots:
+                params = request.params
                 wanted.append(DraftRequest(request.request_id, request.token_ids, request.num_draft_slots,
-                                           request.params.min_ngram, request.params.max_ngram))
+                                           params.min_ngram, params.max_ngram, params.tenant_key))
         return wanted
 
     def add_drafts(self, batch: ScheduledBatch, drafts: Mapping[str, Sequence[int]]) -> None:
