@@ -96,3 +96,23 @@ def test_port_offset_moves_every_service_and_replicas_get_consecutive_ports():
 def test_too_many_verifiers_is_refused():
     with pytest.raises(ValueError, match="num_verifiers"):
         plan_stack(ServiceOptions(), num_verifiers=11, port_offset=0)
+
+
+def _omp_wait_policy_of_a_service(env: dict) -> str:
+    """What torch's OpenMP runtime is told in a process that runs the specd CLI (as every service does)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import specd.cli, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
+    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_services_let_idle_openmp_threads_sleep_rather_than_spin():
+    assert _omp_wait_policy_of_a_service({}) == "PASSIVE"
+
+
+def test_an_operators_openmp_wait_policy_wins():
+    assert _omp_wait_policy_of_a_service({"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
