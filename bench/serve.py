@@ -13,6 +13,10 @@ recorded length or EOS) instead of the default repeat-this-code prompts; --draft
 drafter rule. At batch 1 it also runs Hugging Face `generate`, plain and with
 `prompt_lookup_num_tokens`, on the same model, prompts and device, and estimates what the gRPC hops cost: the client's time between messages
 (one message per step at batch 1) against the verifier's own step time from its metrics.
+
+When it starts the stack itself it also prints, at batch 1, each service's CPU seconds per generated token
+(gateway, verifier, drafter, and this client) next to the engine alone in this process on the same prompts
+(bench/cpu_cost.py): CPU time barely moves when other work shares the machine, wall time does.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from cpu_cost import CpuMeter, engine_alone, print_cpu_table
 from specd.options import GATEWAY_PORTS, VERIFIER_PORTS
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 from workload import prompts as workload_prompts
@@ -178,6 +183,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--workload", default="humaneval", help="humaneval, or a workload of bench/drafter_acceptance.py")
     parser.add_argument("--drafting", default="evidence", choices=["evidence", "ngram"], help="the stack's drafter rule")
+    parser.add_argument("--skip-engine", action="store_true", help="no engine-alone runs beside the stack's")
     return parser.parse_args()
 
 
@@ -192,19 +198,25 @@ def main() -> None:
         source = f"{args.workload} recordings (each to its recorded length or EOS)"
         recordings = load_or_record(args.workload, WORKLOADS[args.workload](), 256)[:args.num_prompts]
         prompts = [(r.prompt_token_ids, len(r.output_token_ids)) for r in recordings]
-        args.skip_hf = True  # HF generate takes text prompts here
+        args.skip_hf = args.skip_engine = True  # both take text prompts
     print(f"workload: {len(prompts)} prompts from {source}; max_tokens {args.max_tokens}; drafting {args.drafting}")
-    stack = None
+    stack, meter = None, None
     if args.addr is None:
         stack = start_stack(args.port_offset, args.num_speculative_tokens, args.device, args.drafting)
+        meter = CpuMeter.of_stack(stack.pid)
         args.addr = f"127.0.0.1:{GATEWAY_PORTS[0] + args.port_offset}"
         args.verifier_metrics = f"http://127.0.0.1:{VERIFIER_PORTS[1] + args.port_offset}/metrics"
     try:
-        results = run_all(args, prompts)
+        results = run_all(args, prompts, meter)
     finally:
         if stack is not None:
             stack.terminate()
             stack.wait()
+    if meter is not None:
+        if not args.skip_engine:
+            meter.rows += engine_alone(args.model, args.device, batch1_prompts(args, prompts), args.max_tokens,
+                                       (0, args.num_speculative_tokens))
+        print_cpu_table(meter.rows)
     if not args.skip_hf:
         from specd.default_model import resolve_model_path
 
@@ -233,7 +245,7 @@ def print_ratios(results: list[RunResult], k: int) -> None:
             print(f"batch 1: {label.split()[1]} / k={k} = {value / by_label[f'specd k={k} c=1']:.2f}x")
 
 
-def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
+def run_all(args: argparse.Namespace, prompts: list[str], meter: CpuMeter | None = None) -> list[RunResult]:
     # warm the path (a prompt of no workload: the drafter's memory must not learn a measured request)
     asyncio.run(run_workload(args.addr, ["Hello, world."], 1, 8, args.num_speculative_tokens))
     results = []
@@ -242,8 +254,11 @@ def run_all(args: argparse.Namespace, prompts: list[str]) -> list[RunResult]:
         for k in (0, args.num_speculative_tokens, *extra):
             before = stage_seconds(args.verifier_metrics) if args.verifier_metrics else None
             chosen = batch1_prompts(args, prompts) if concurrency == 1 else prompts
+            cpu_before = meter.start() if meter is not None and concurrency == 1 else None
             result = asyncio.run(run_workload(args.addr, chosen, concurrency, args.max_tokens, k))
             results.append(result)
+            if cpu_before is not None:
+                meter.record(f"stack k={k}", cpu_before, result.completion_tokens, result.wall_seconds)
             if before is not None and concurrency == 1:
                 report_hop_cost(result, before, stage_seconds(args.verifier_metrics))
     return results

@@ -59,8 +59,9 @@ def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) ->
 def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | None) -> list[str]:
     argv = [sys.executable, "-m", "specd.cli", service, "--port", str(port), "--host", options.host,
             "--model", options.model, "--device", options.device, "--dtype", options.dtype,
-            "--num-speculative-tokens", str(options.num_speculative_tokens),
             "--max-model-len", str(options.max_model_len)]
+    if options.num_speculative_tokens is not None:  # unset: each verifier takes its device's default
+        argv += ["--num-speculative-tokens", str(options.num_speculative_tokens)]
     if options.max_speculative_tokens is not None:
         argv += ["--max-speculative-tokens", str(options.max_speculative_tokens)]
     if metrics_port is not None:

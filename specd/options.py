@@ -22,6 +22,8 @@ ASYNC_SCHEDULING = ("auto", "on", "off")
 MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
 DRAFT_MEMORY_SCOPES = ("global", "per-key", "off")  # drafter_service/config.py's MEMORY_SCOPES
 DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.drafting
+# --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS.md, "CPU default for k").
+DEFAULT_NUM_SPECULATIVE_TOKENS = {"cpu": 6, "cuda": 4}
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class ServiceOptions:
     model: str = "default"
     device: str = "auto"
     dtype: str = "auto"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: the device's DEFAULT_NUM_SPECULATIVE_TOKENS
     max_speculative_tokens: int | None = None  # verifier: the most a request may ask for (None: max(8, default))
     max_model_len: int = 0  # 0 = the model's own context length
     verifier_addrs: tuple[str, ...] = ()
@@ -60,10 +62,10 @@ class ServiceOptions:
             raise ValueError(f"device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.num_speculative_tokens < 0:
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens: must be >= 0 (0 turns speculation off)")
         if self.max_speculative_tokens is not None and not (
-                self.num_speculative_tokens <= self.max_speculative_tokens <= MAX_SPECULATIVE_TOKENS):
+                (self.num_speculative_tokens or 0) <= self.max_speculative_tokens <= MAX_SPECULATIVE_TOKENS):
             raise ValueError(f"max_speculative_tokens: must be in [num_speculative_tokens "
                              f"({self.num_speculative_tokens}), {MAX_SPECULATIVE_TOKENS}]")
         if self.max_model_len < 0:
@@ -99,6 +101,13 @@ class ServiceOptions:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    def resolved_num_speculative_tokens(self) -> int:
+        """The k given, else the device's default (no more than --max-speculative-tokens)."""
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        default = DEFAULT_NUM_SPECULATIVE_TOKENS[self.resolved_device()]
+        return default if self.max_speculative_tokens is None else min(default, self.max_speculative_tokens)
+
     def resolved_dtype(self) -> str:
         """auto = bfloat16 on CUDA, float32 on the CPU (exactness tests rely on the latter)."""
         if self.dtype != "auto":
@@ -120,8 +129,9 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", choices=DEVICES, default=_env("device", defaults.device))
     group.add_argument("--dtype", choices=DTYPES, default=_env("dtype", defaults.dtype))
     group.add_argument("--num-speculative-tokens", type=int,
-                       default=int(_env("num_speculative_tokens", defaults.num_speculative_tokens)),
-                       help="draft tokens per step for requests that do not ask (0 turns speculation off)")
+                       default=_optional_int(_env("num_speculative_tokens", None)),
+                       help="draft tokens per step for requests that do not ask (0 turns speculation off; "
+                            f"default per device: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
     group.add_argument("--max-speculative-tokens", type=int,
                        default=_optional_int(_env("max_speculative_tokens", None)),
                        help="verifier: the most draft tokens per step a request may ask for; larger asks are "

@@ -39,7 +39,8 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
     device = options.resolved_device()
     engine = EngineConfig(
         model=options.model, device=device, dtype=options.resolved_dtype(),
-        num_speculative_tokens=options.num_speculative_tokens, max_speculative_tokens=options.max_speculative_tokens,
+        num_speculative_tokens=options.resolved_num_speculative_tokens(),
+        max_speculative_tokens=options.max_speculative_tokens,
         max_model_len=options.max_model_len,
         async_scheduling={"auto": None, "on": True, "off": False}[options.async_scheduling],
         tensor_parallel_size=options.tensor_parallel_size,

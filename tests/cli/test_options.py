@@ -59,6 +59,31 @@ def test_max_speculative_tokens_reaches_the_engine_config(monkeypatch, argv, env
     assert verifier_config_from_options(options).engine.speculative_tokens_limit == expected
 
 
+@pytest.mark.parametrize("device, expected", [("cpu", 6), ("cuda", 4)])  # docs/BENCHMARKS.md, "CPU default for k"
+def test_unset_num_speculative_tokens_takes_the_device_default(device, expected):
+    options = parse(["verifier", "--device", device])
+    assert options.num_speculative_tokens is None
+    assert options.resolved_num_speculative_tokens() == expected
+
+
+def test_the_device_default_for_k_stays_within_max_speculative_tokens():
+    options = parse(["verifier", "--device", "cpu", "--max-speculative-tokens", "3"])
+    assert verifier_config_from_options(options).engine.num_speculative_tokens == 3
+
+
+def test_an_explicit_k_wins_over_the_device_default(monkeypatch):
+    options = parse(["verifier", "--device", "cpu"], monkeypatch, SPECD_NUM_SPECULATIVE_TOKENS="2")
+    assert verifier_config_from_options(options).engine.num_speculative_tokens == 2
+
+
+def test_up_leaves_an_unset_k_to_each_verifier():
+    services = plan_stack(ServiceOptions(), num_verifiers=1, port_offset=0)
+    assert all("--num-speculative-tokens" not in s.argv for s in services)
+    services = plan_stack(ServiceOptions(num_speculative_tokens=0), num_verifiers=1, port_offset=0)
+    verifier = next(s for s in services if s.name == "verifier")
+    assert verifier.argv[verifier.argv.index("--num-speculative-tokens") + 1] == "0"
+
+
 @pytest.mark.parametrize("argv, env, expected", [([], {}, 1), (["--tensor-parallel-size", "4"], {}, 4),
                                                   ([], {"SPECD_TENSOR_PARALLEL_SIZE": "2"}, 2)])
 def test_tensor_parallel_size_reaches_the_engine_config(monkeypatch, argv, env, expected):
@@ -73,7 +98,8 @@ def test_up_gives_every_verifier_replica_the_tensor_parallel_size():
 
 
 @pytest.mark.parametrize("field, kwargs", [("num_speculative_tokens", {"num_speculative_tokens": -1}),
-                                           ("max_speculative_tokens", {"max_speculative_tokens": 3}),
+                                           ("max_speculative_tokens", {"num_speculative_tokens": 4,
+                                                                       "max_speculative_tokens": 3}),
                                            ("max_speculative_tokens", {"max_speculative_tokens": 33}),
                                            ("device", {"device": "tpu"}),
                                            ("tensor_parallel_size", {"tensor_parallel_size": 0}),
@@ -125,3 +151,23 @@ def test_an_unknown_draft_memory_scope_is_refused_naming_the_option():
         ServiceOptions(draft_memory_scope="tenant")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["drafter", "--draft-memory-scope", "tenant"])
+
+
+def _omp_wait_policy_of_a_service(env: dict) -> str:
+    """What torch's OpenMP runtime is told in a process that runs the specd CLI (as every service does)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import specd.cli, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
+    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_services_let_idle_openmp_threads_sleep_rather_than_spin():
+    assert _omp_wait_policy_of_a_service({}) == "PASSIVE"
+
+
+def test_an_operators_openmp_wait_policy_wins():
+    assert _omp_wait_policy_of_a_service({"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
