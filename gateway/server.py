@@ -19,6 +19,7 @@ from gateway.pipeline import Pipeline
 from gateway.router import Router
 from gateway.service import GatewayServicer
 from gateway.tokenizer import Tokenizer
+from specd import stop_signals
 from specd.serving import GrpcServer, ServerConfig
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -114,10 +115,11 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 async def serve(config: GatewayConfig) -> None:
     """Runs the gateway until SIGTERM / SIGINT, then drains both servers."""
-    gateway = await start(config)
-    logger.info("gateway: gRPC on %s:%d, HTTP on %s:%d", config.host, gateway.grpc_port,
-                config.host, gateway.http_port)
-    try:
-        await gateway.grpc_server.serve_until_signalled()
-    finally:
-        await gateway.stop()
+    async with stop_signals.caught() as stop_requested:
+        gateway = await start(config)
+        logger.info("gateway: gRPC on %s:%d, HTTP on %s:%d", config.host, gateway.grpc_port,
+                    config.host, gateway.http_port)
+        try:
+            await gateway.grpc_server.serve_until(stop_requested)
+        finally:
+            await gateway.stop()

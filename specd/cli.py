@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `specd` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.command != "generate":  # before anything slow: a stop asked for during start-up is kept
+        from specd import stop_signals
+
+        stop_signals.install()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
     if args.command == "generate":
         from specd.generate_client import generate
@@ -64,7 +68,7 @@ def _up(options: ServiceOptions, num_verifiers: int, port_offset: int) -> int:
         print(f"specd up: {error}", file=sys.stderr)
         return 2
     tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
-    return StackSupervisor(services, tls).run()
+    return StackSupervisor(services, tls, options.drain_seconds).run()
 
 
 def _run_service(name: str, options: ServiceOptions) -> None:

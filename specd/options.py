@@ -48,6 +48,7 @@ class ServiceOptions:
     inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
     async_scheduling: str = "auto"  # verifier: launch the next step before this one's tokens reach the host
     tensor_parallel_size: int = 1  # verifier: processes (one GPU each) the model is sharded over
+    drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -75,6 +76,8 @@ class ServiceOptions:
                              f"got {self.async_scheduling!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if self.drain_seconds is not None and self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds: must be >= 0, got {self.drain_seconds}")
 
     @property
     def verifier_addresses(self) -> tuple[str, ...]:
@@ -150,10 +153,18 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        default=int(_env("tensor_parallel_size", defaults.tensor_parallel_size)),
                        help="verifier: shard the model over this many GPUs of the host, one process each "
                             "(on the CPU: processes)")
+    group.add_argument("--drain-seconds", type=float, default=_optional_float(_env("drain_seconds", None)),
+                       help="after SIGTERM / SIGINT: how long live calls may finish before the rest are cancelled "
+                            "(default: 10 for gateway and verifier, 5 for the drafter); keep Kubernetes' "
+                            "terminationGracePeriodSeconds above it")
 
 
 def _optional_int(value: str | None) -> int | None:
     return None if value in (None, "") else int(value)
+
+
+def _optional_float(value: str | None) -> float | None:
+    return None if value in (None, "") else float(value)
 
 
 def options_from_args(args: argparse.Namespace) -> ServiceOptions:
@@ -168,4 +179,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
         log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
+        drain_seconds=args.drain_seconds,
     )

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import signal
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specd import stop_signals
 from verifier_service.engine.sampling_params import InvalidParameter
 
 logger = logging.getLogger(__name__)
@@ -305,19 +305,16 @@ class GrpcServer:
 
     async def serve_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT (or the server ends), then drain and stop."""
-        stop_requested = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop_requested.set)
-        try:
-            terminated = asyncio.ensure_future(self._server.wait_for_termination())
-            signalled = asyncio.ensure_future(stop_requested.wait())
-            await asyncio.wait({terminated, signalled}, return_when=asyncio.FIRST_COMPLETED)
-            signalled.cancel()
-            if stop_requested.is_set():
-                logger.info("signal received: draining for up to %.1f s", self.config.grace_seconds)
-            await self.stop()
-            terminated.cancel()
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
+        async with stop_signals.caught() as stop_requested:
+            await self.serve_until(stop_requested)
+
+    async def serve_until(self, stop_requested: asyncio.Event) -> None:
+        """Serve until `stop_requested` is set (or the server ends), then drain and stop."""
+        terminated = asyncio.ensure_future(self._server.wait_for_termination())
+        signalled = asyncio.ensure_future(stop_requested.wait())
+        await asyncio.wait({terminated, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        signalled.cancel()
+        if stop_requested.is_set():
+            logger.info("stop requested: draining for up to %.1f s", self.config.grace_seconds)
+        await self.stop()
+        terminated.cancel()

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from specd.options import VERIFIER_PORTS, ServiceOptions
 from specd.serving import ServerConfig, TlsConfig
+from specd.service_configs import drain
 from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 
@@ -35,6 +36,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         port=VERIFIER_PORTS[0] if options.port is None else options.port,
         metrics_port=VERIFIER_PORTS[1] if options.metrics_port is None else options.metrics_port,
         tls=tls,
+        **drain(options),
     )
     device = options.resolved_device()
     engine = EngineConfig(
