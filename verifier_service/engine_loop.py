@@ -94,7 +94,7 @@ class EngineLoop:
             return len(self._additions)
 
     def _run(self) -> None:
-        while True:
+        while not self._stopping:  # checked before waiting: a wake-up cleared between steps is lost
             self._wake.wait()
             with self._lock:
                 if self._stopping:
