@@ -54,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "up":
         return _up(options, args.num_verifiers, args.port_offset)
-    _run_service(args.command, options)
+    from specd.startup_errors import StartupError
+
+    try:
+        _run_service(args.command, options)
+    except StartupError as error:  # one line that names the setting, not a traceback
+        print(f"specd {args.command}: {error}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -122,9 +122,9 @@ class StackSupervisor:
         while not stop_signals.requested():
             dead = self._first_dead()
             if dead is not None:
-                print(f"specd: {dead.name} exited with code {dead.process.returncode}; stopping the stack",
-                      file=sys.stderr, flush=True)
-                return 1
+                code = dead.process.returncode
+                print(f"specd: {dead.name} exited with code {code}; stopping the stack", file=sys.stderr, flush=True)
+                return code if code > 0 else 1  # 2: a setting it cannot start with (its own line says which)
             if pending:
                 pending = {s.name for s in self._services if s.name in pending and not self._serving(s)}
                 if not pending:

@@ -40,6 +40,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specd import stop_signals
+from specd.startup_errors import PortInUse, bound_socket
 from verifier_service.engine.sampling_params import InvalidParameter
 
 logger = logging.getLogger(__name__)
@@ -253,29 +254,55 @@ class GrpcServer:
         self.metrics_port: int | None = None  # bound /metrics port, after start()
 
     async def start(self) -> None:
-        """Bind and start serving; health reports NOT_SERVING until mark_ready()."""
-        server = grpc.aio.server(interceptors=self._interceptors, options=channel_options())
+        """Bind every port and start serving; health reports NOT_SERVING until mark_ready().
+
+        Raises PortInUse naming the option that moves the port, with nothing left bound."""
+        if self.config.metrics_port is not None:
+            self._start_metrics()
+        try:
+            await self._start_grpc()
+        except BaseException:
+            self._stop_metrics()
+            raise
+        logger.info("serving %s on %s:%d", ", ".join(self.service_names), self.config.host, self.port)
+
+    async def _start_grpc(self) -> None:
+        host, port = self.config.host, self.config.port
+        if port:  # checked first: grpc's own failure is a multi-line log of its C core
+            bound_socket(host, port, "port").close()
+        # Without so_reuseport 0, a second server on a taken port would share it with the first, silently.
+        server = grpc.aio.server(interceptors=self._interceptors,
+                                 options=channel_options() + [("grpc.so_reuseport", 0)])
         self._register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        address = f"{self.config.host}:{self.config.port}"
-        if self.config.tls is None:
-            self.port = server.add_insecure_port(address)
-        else:
-            self.port = server.add_secure_port(address, _server_credentials(self.config.tls))
+        try:
+            if self.config.tls is None:
+                self.port = server.add_insecure_port(f"{host}:{port}")
+            else:
+                self.port = server.add_secure_port(f"{host}:{port}", _server_credentials(self.config.tls))
+        except RuntimeError as error:  # grpc's "Failed to bind to address"
+            await server.stop(None)
+            raise PortInUse(host, port, "port") from error
         await server.start()
         self._server = server
-        if self.config.metrics_port is not None:
-            self._start_metrics()
-        logger.info("serving %s on %s:%d", ", ".join(self.service_names), self.config.host, self.port)
 
     def _start_metrics(self) -> None:
-        http_server, _thread = prometheus_client.start_http_server(
-            self.config.metrics_port, addr=self.config.host, registry=self._registry)
+        try:
+            http_server, _thread = prometheus_client.start_http_server(
+                self.config.metrics_port, addr=self.config.host, registry=self._registry)
+        except OSError as error:
+            raise PortInUse(self.config.host, self.config.metrics_port, "metrics-port") from error
         self._metrics_http = http_server
         self.metrics_port = http_server.server_address[1]
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *self.service_names):
@@ -297,10 +324,7 @@ class GrpcServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.stop(grace)
         self._server = None
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()
-            self._metrics_http.server_close()
-            self._metrics_http = None
+        self._stop_metrics()
         logger.info("stopped %s", ", ".join(self.service_names))
 
     async def serve_until_signalled(self) -> None:
