@@ -72,6 +72,8 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
             argv += [flag, value]
     if options.kv_cache_bytes is not None:
         argv += ["--kv-cache-bytes", str(options.kv_cache_bytes)]
+    if options.kv_cache_memory_fraction is not None:
+        argv += ["--kv-cache-memory-fraction", str(options.kv_cache_memory_fraction)]
     argv += ["--max-waiting-requests", str(options.max_waiting_requests)]
     if options.drain_seconds is not None:
         argv += ["--drain-seconds", str(options.drain_seconds)]

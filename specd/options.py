@@ -43,6 +43,7 @@ class ServiceOptions:
     tls_ca: str | None = None
     api_key: str | None = None
     kv_cache_bytes: int | None = None  # verifier: KV budget on the CPU (None = the engine's default)
+    kv_cache_memory_fraction: float | None = None  # verifier on CUDA: share of free GPU memory for the KV cache
     max_waiting_requests: int = 256  # verifier: queued requests beyond this get RESOURCE_EXHAUSTED
     log_requests: bool = False  # gateway: log prompts and outputs (off: they never reach the logs)
     inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
@@ -67,6 +68,8 @@ class ServiceOptions:
             raise ValueError("tls_cert: --tls-cert and --tls-key must be given together")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
             raise ValueError("kv_cache_bytes: must be >= 0 (0 = sized by the runner)")
+        if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError(f"kv_cache_memory_fraction: must be in (0, 1], got {self.kv_cache_memory_fraction}")
         if self.max_waiting_requests < 1:
             raise ValueError("max_waiting_requests: must be >= 1")
         if self.inject_delay_ms < 0:
@@ -137,6 +140,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--api-key", default=_env("api_key", None))
     group.add_argument("--kv-cache-bytes", type=int, default=_optional_int(_env("kv_cache_bytes", None)),
                        help="verifier: KV cache budget in bytes on the CPU (default: the engine's 256 MiB)")
+    group.add_argument("--kv-cache-memory-fraction", type=float,
+                       default=_optional_float(_env("kv_cache_memory_fraction", None)),
+                       help="verifier on CUDA: share of free GPU memory (after the model) the KV cache takes "
+                            "(default 0.8; --kv-cache-bytes wins)")
     group.add_argument("--max-waiting-requests", type=int,
                        default=int(_env("max_waiting_requests", defaults.max_waiting_requests)),
                        help="verifier: queued requests beyond this are refused with RESOURCE_EXHAUSTED")
@@ -176,7 +183,8 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         verifier_addrs=tuple(args.verifier_addrs), drafter_addr=args.drafter_addr, host=args.host,
         port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,
-        kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
+        kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+        max_waiting_requests=args.max_waiting_requests,
         log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
         drain_seconds=args.drain_seconds,

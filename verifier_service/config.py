@@ -45,7 +45,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         max_model_len=options.max_model_len,
         async_scheduling={"auto": None, "on": True, "off": False}[options.async_scheduling],
         tensor_parallel_size=options.tensor_parallel_size,
-        **_cache_layout(device, options.kv_cache_bytes),
+        **_cache_layout(device, options.kv_cache_bytes, options.kv_cache_memory_fraction),
     )
     # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.
     drafter_addr = None if options.drafter_addr.lower() in ("", "none") else options.drafter_addr
@@ -53,11 +53,13 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
                           max_waiting_requests=options.max_waiting_requests)
 
 
-def _cache_layout(device: str, kv_cache_bytes: int | None) -> dict:
+def _cache_layout(device: str, kv_cache_bytes: int | None, memory_fraction: float | None) -> dict:
     """EngineConfig's KV settings for the device. On CUDA: blocks of 256 tokens (flash-attn's paged layout
     needs a multiple of 256; with 16 the verifier falls back to the reference backend and no CUDA graphs)
     and, unless --kv-cache-bytes says otherwise, a cache sized from free GPU memory (0)."""
     layout = {"block_size": FLASH_BLOCK_SIZE, "kv_cache_bytes": 0} if device == "cuda" else {}
     if kv_cache_bytes is not None:
         layout["kv_cache_bytes"] = kv_cache_bytes
+    if memory_fraction is not None:
+        layout["kv_cache_memory_fraction"] = memory_fraction
     return layout
