@@ -48,12 +48,14 @@ async def serve_async(config: VerifierConfig) -> None:
 
 async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     registry = CollectorRegistry()
+    # Registered before the ports open, so /metrics has every family while the model loads.
+    metrics = VerifierMetrics(registry, num_draft_positions=config.engine.speculative_tokens_limit)
     servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests)
     server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
                         register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s))
     await server.start()
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
-    loading = _in_daemon_thread(_load_and_warm_up, config, registry, leave)
+    loading = _in_daemon_thread(_load_and_warm_up, config, metrics, leave)
     stopped = asyncio.ensure_future(stop_requested.wait())
     try:
         await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -114,14 +116,14 @@ def _exit_while_loading() -> None:
     os._exit(0)
 
 
-def _load_and_warm_up(config: VerifierConfig, registry: CollectorRegistry, on_rank_failure):
+def _load_and_warm_up(config: VerifierConfig, metrics: VerifierMetrics, on_rank_failure):
     """Builds the engine with its drafter client and runs one short generation (runs off the event loop)."""
     started = time.monotonic()
     drafter = _drafter_client(config)
     runner = build_model_runner(config.engine, drafter is not None, on_rank_failure=on_rank_failure)
     engine = Engine(config.engine, drafter, runner)
     _warm_up(engine)
-    exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine,
+    exporter = VerifierMetricsExporter(metrics, engine,
                                        read_fallbacks=(lambda: drafter.num_fallbacks) if drafter else (lambda: 0))
     logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
     return EngineLoop(engine, after_step=exporter.export), drafter
