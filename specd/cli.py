@@ -8,6 +8,7 @@ import inspect
 import logging
 import sys
 
+from specd import stop_signals
 from specd.options import GATEWAY_PORTS, ServiceOptions, add_service_options, options_from_args
 
 
@@ -39,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `specd` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     if args.command != "generate":  # before anything slow: a stop asked for during start-up is kept
-        from specd import stop_signals
-
         stop_signals.install()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
     if args.command == "generate":
@@ -94,6 +93,8 @@ def _run_service(name: str, options: ServiceOptions) -> None:
         from specd.service_configs import gateway_config_from_options
 
         config = gateway_config_from_options(options)
+    if stop_signals.requested():  # stopped while importing: nothing was started
+        return
     result = serve(config)
     if inspect.iscoroutine(result):
         asyncio.run(result)
