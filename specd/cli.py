@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specd {args.command}: {error}", file=sys.stderr)
         return 2
     if args.command == "up":
-        return _up(options, args.num_verifiers, args.port_offset)
+        code = _up(options, args.num_verifiers, args.port_offset)
+        stop_signals.ignore()
+        return code
     from specd.startup_errors import StartupError
 
     try:
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as error:  # one line that names the setting, not a traceback
         print(f"specd {args.command}: {error}", file=sys.stderr, flush=True)
         return 2
+    stop_signals.ignore()
     return 0
 
 

@@ -54,6 +54,18 @@ async def caught() -> AsyncIterator[asyncio.Event]:
     try:
         yield stop
     finally:
-        for signum in STOP_SIGNALS:
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, previous[signum] or signal.SIG_DFL)
+        # Blocked while they are swapped: asyncio's removal sets the default action (death) for a moment.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, previous[signum] or signal.SIG_DFL)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def ignore() -> None:
+    """Once the process has stopped: further stop signals have nothing left to stop. (Python's shutdown resets
+    handlers it installed to the default action, which would end a cleanly stopped process with -SIGTERM.)"""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

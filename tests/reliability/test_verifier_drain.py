@@ -13,7 +13,7 @@ from specd.serving import open_channel
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from support.stack import REPO_ROOT, Service, Stack, free_port, wait_serving
 
-DRAIN_SECONDS = 5.0  # a few steps of the short stream fit easily, even on a busy 2-core box
+DRAIN_SECONDS = 6.0  # the short stream's one more step fits easily, even on a busy 2-core box
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ async def until_not_serving(channel) -> None:
 async def drain(verifier: Service) -> None:
     async with open_channel(verifier.address) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
-        short, long = generate(stub, "short", 4), generate(stub, "long", 3000)
+        short, long = generate(stub, "short", 2), generate(stub, "long", 3000)
         await short.read(), await long.read()  # both live
         signalled = time.monotonic()
         verifier.process.send_signal(signal.SIGTERM)
