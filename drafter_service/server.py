@@ -12,6 +12,7 @@ from drafter_service.config import DrafterConfig
 from drafter_service.drafter import Drafter
 from drafter_service.metrics import DrafterMetrics
 from drafter_service.service import DrafterServicer
+from specd import stop_signals
 from specd.serving import GrpcServer, ServerConfig
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
@@ -31,10 +32,11 @@ def build_server(config: DrafterConfig, drafter: Drafter | None = None) -> GrpcS
 
 async def serve(config: DrafterConfig) -> None:
     """Serve until SIGTERM / SIGINT, then drain."""
-    server = build_server(config)
-    await server.start()
-    await server.mark_ready()
-    await server.serve_until_signalled()
+    async with stop_signals.caught() as stop_requested:
+        server = build_server(config)
+        await server.start()
+        await server.mark_ready()
+        await server.serve_until(stop_requested)
 
 
 def run(config: DrafterConfig | None = None) -> None:

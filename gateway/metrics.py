@@ -1,8 +1,10 @@
 """The gateway's Prometheus metrics (CONTRACT.md), recorded from finished requests' RequestStats."""
 from __future__ import annotations
 
+import grpc
 import prometheus_client as prom
 
+from gateway.request import FINISH_REASONS
 from gateway.stats import RequestStats
 
 # From a few ms (a warm GPU) to minutes (a long generation on a CPU).
@@ -38,6 +40,12 @@ class GatewayMetrics:
             "specd_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
         self.request_errors = prom.Counter(
             "specd_request_errors", "Failed requests by grpc status code name", ["code"], registry=r)
+        # Every series whose labels are known exists from start-up at 0 ("no errors" is not "no data").
+        for finish_reason in FINISH_REASONS:
+            self.requests.labels(finish_reason=finish_reason)
+        for code in grpc.StatusCode:
+            if code is not grpc.StatusCode.OK:
+                self.request_errors.labels(code=code.name)
 
     def record(self, stats: RequestStats) -> None:
         """Adds one finished (or failed) request."""

@@ -97,8 +97,10 @@ class Pipeline:
         except UpstreamError as error:
             stats.finished(error_code=error.code.name)
             raise
-        except BaseException:  # client gone (GeneratorExit / CancelledError): counted as aborted
-            if stats.finish_time is None:
+        except BaseException:  # client gone (GeneratorExit / CancelledError), or its gRPC deadline passed
+            if stats.finish_time is None and _passed(deadline):
+                stats.finished(error_code=grpc.StatusCode.DEADLINE_EXCEEDED.name)
+            elif stats.finish_time is None:
                 stats.finished("abort")
             raise
         finally:
@@ -108,6 +110,11 @@ class Pipeline:
         if self.log_requests:
             logger.info("request %s: prompt %r -> %r (%s)", request_id,
                         self.tokenizer.decode(list(run.request.prompt_token_ids)), run.text, finish_reason)
+
+
+def _passed(deadline: float | None) -> bool:
+    """Whether an event-loop time has come (gRPC cancels a handler once its deadline passes; 1 ms for rounding)."""
+    return deadline is not None and asyncio.get_running_loop().time() >= deadline - 0.001
 
 
 class _Run:

@@ -19,7 +19,9 @@ from gateway.pipeline import Pipeline
 from gateway.router import Router
 from gateway.service import GatewayServicer
 from gateway.tokenizer import Tokenizer
+from specd import stop_signals
 from specd.serving import GrpcServer, ServerConfig
+from specd.startup_errors import bound_socket
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -68,9 +70,9 @@ def build_pipeline(config: GatewayConfig) -> Pipeline:
 
 
 async def start(config: GatewayConfig) -> RunningGateway:
-    """Starts both servers; health says SERVING once they listen (verifier health is /health's job)."""
+    """Binds both ports, then starts both servers; health says SERVING once they listen (verifier health is
+    /health's job). Raises PortInUse naming the option that moves a taken port, with nothing left bound."""
     pipeline = build_pipeline(config)
-    await pipeline.router.start()
     interceptors = ([ApiKeyInterceptor(config.api_key, pipeline.metrics.count_rejected)]
                     if config.api_key else [])
     grpc_server = GrpcServer(
@@ -79,14 +81,21 @@ async def start(config: GatewayConfig) -> RunningGateway:
         service_names=[GATEWAY_SERVICE],
         register=lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(pipeline), server),
         interceptors=interceptors, registry=pipeline.metrics.registry)
-    await grpc_server.start()
-    http_server = _http_server(config, pipeline)
-    http_task = asyncio.create_task(http_server.serve())
-    while not http_server.started:  # uvicorn offers no event for this
-        if http_task.done():
-            await http_task  # surfaces the bind error
-            raise RuntimeError(f"http_port: could not listen on {config.host}:{config.http_port}")
-        await asyncio.sleep(0.01)
+    async with contextlib.AsyncExitStack() as undo:  # what started so far, stopped again if a later step fails
+        undo.push_async_callback(pipeline.router.close)
+        http_socket = bound_socket(config.host, config.http_port, "http-port")
+        undo.callback(http_socket.close)
+        await grpc_server.start()
+        undo.push_async_callback(grpc_server.stop, 0)
+        await pipeline.router.start()
+        http_server = _http_server(config, pipeline)
+        http_task = asyncio.create_task(http_server.serve(sockets=[http_socket]))
+        while not http_server.started:  # uvicorn offers no event for this
+            if http_task.done():
+                await http_task  # surfaces the error
+                raise RuntimeError(f"http_port: could not serve on {config.host}:{config.http_port}")
+            await asyncio.sleep(0.01)
+        undo.pop_all()
     await grpc_server.mark_ready()
     return RunningGateway(pipeline, grpc_server, http_server, http_task)
 
@@ -114,10 +123,11 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 async def serve(config: GatewayConfig) -> None:
     """Runs the gateway until SIGTERM / SIGINT, then drains both servers."""
-    gateway = await start(config)
-    logger.info("gateway: gRPC on %s:%d, HTTP on %s:%d", config.host, gateway.grpc_port,
-                config.host, gateway.http_port)
-    try:
-        await gateway.grpc_server.serve_until_signalled()
-    finally:
-        await gateway.stop()
+    async with stop_signals.caught() as stop_requested:
+        gateway = await start(config)
+        logger.info("gateway: gRPC on %s:%d, HTTP on %s:%d", config.host, gateway.grpc_port,
+                    config.host, gateway.http_port)
+        try:
+            await gateway.grpc_server.serve_until(stop_requested)
+        finally:
+            await gateway.stop()

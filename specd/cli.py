@@ -15,6 +15,7 @@ import sys
 # docs/BENCHMARKS.md). An OMP_WAIT_POLICY set by the operator wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from specd import stop_signals
 from specd.options import GATEWAY_PORTS, ServiceOptions, add_service_options, options_from_args
 
 
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `specd` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.command != "generate":  # before anything slow: a stop asked for during start-up is kept
+        stop_signals.install()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
     if args.command == "generate":
         from specd.generate_client import generate
@@ -56,8 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specd {args.command}: {error}", file=sys.stderr)
         return 2
     if args.command == "up":
-        return _up(options, args.num_verifiers, args.port_offset)
-    _run_service(args.command, options)
+        code = _up(options, args.num_verifiers, args.port_offset)
+        stop_signals.ignore()
+        return code
+    from specd.startup_errors import StartupError
+
+    try:
+        _run_service(args.command, options)
+    except StartupError as error:  # one line that names the setting, not a traceback
+        print(f"specd {args.command}: {error}", file=sys.stderr, flush=True)
+        return 2
+    stop_signals.ignore()
     return 0
 
 
@@ -71,7 +83,7 @@ def _up(options: ServiceOptions, num_verifiers: int, port_offset: int) -> int:
         print(f"specd up: {error}", file=sys.stderr)
         return 2
     tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
-    return StackSupervisor(services, tls).run()
+    return StackSupervisor(services, tls, options.drain_seconds).run()
 
 
 def _run_service(name: str, options: ServiceOptions) -> None:
@@ -91,6 +103,8 @@ def _run_service(name: str, options: ServiceOptions) -> None:
         from specd.service_configs import gateway_config_from_options
 
         config = gateway_config_from_options(options)
+    if stop_signals.requested():  # stopped while importing: nothing was started
+        return
     result = serve(config)
     if inspect.iscoroutine(result):
         asyncio.run(result)

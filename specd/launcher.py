@@ -11,18 +11,19 @@ import ctypes
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specd import stop_signals
 from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, VERIFIER_PORTS, ServiceOptions
 from specd.serving import TlsConfig, open_channel
 
 MAX_VERIFIERS = DRAFTER_PORTS[0] - VERIFIER_PORTS[0]  # replicas take consecutive ports below the drafter's
-STOP_GRACE_SECONDS = 20.0
+DEFAULT_DRAIN_SECONDS = 10.0  # the gateway's and the verifier's own default (the drafter's is shorter)
+STOP_MARGIN_SECONDS = 10.0  # after a service's drain: closing its engine and channels, the process exit
 _PR_SET_PDEATHSIG = 1
 
 
@@ -72,12 +73,16 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
             argv += [flag, value]
     if options.kv_cache_bytes is not None:
         argv += ["--kv-cache-bytes", str(options.kv_cache_bytes)]
+    if options.kv_cache_memory_fraction is not None:
+        argv += ["--kv-cache-memory-fraction", str(options.kv_cache_memory_fraction)]
     argv += ["--max-waiting-requests", str(options.max_waiting_requests),
              "--draft-memory-scope", options.draft_memory_scope, "--drafting", options.drafting]
     for flag, number in (("--draft-memory-tokens", options.draft_memory_tokens),
                          ("--draft-min-probability", options.draft_min_probability)):
         if number is not None:
             argv += [flag, str(number)]
+    if options.drain_seconds is not None:
+        argv += ["--drain-seconds", str(options.drain_seconds)]
     if options.log_requests:
         argv.append("--log-requests")
     return argv
@@ -94,15 +99,18 @@ def _die_with_parent() -> None:
 class StackSupervisor:
     """Starts the planned services, reports readiness, and stops them all on a signal or a death."""
 
-    def __init__(self, services: list[ServiceProcess], tls: TlsConfig | None = None) -> None:
+    def __init__(self, services: list[ServiceProcess], tls: TlsConfig | None = None,
+                 drain_seconds: float | None = None) -> None:
+        """`drain_seconds`: the services' --drain-seconds (None: their default); a service still running
+        STOP_MARGIN_SECONDS after it is killed."""
         self._services = services
         self._tls = tls
-        self._stop = threading.Event()
+        self._stop_grace_seconds = (DEFAULT_DRAIN_SECONDS if drain_seconds is None else drain_seconds) + \
+            STOP_MARGIN_SECONDS
 
     def run(self) -> int:
         """Blocks until stopped; returns the process exit code (0 after a clean SIGTERM / SIGINT)."""
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        stop_signals.install()  # a handler that only records: see specd/stop_signals.py
         for service in self._services:
             service.process = subprocess.Popen(service.argv, start_new_session=True, preexec_fn=_die_with_parent)
         code = 1
@@ -110,7 +118,8 @@ class StackSupervisor:
             code = self._supervise()
         finally:
             exit_codes = self._stop_all()
-        unclean = {name: rc for name, rc in exit_codes.items() if rc != 0}
+        # A service that dies of SIGTERM itself was stopped before it set up its handlers: it held nothing yet.
+        unclean = {name: rc for name, rc in exit_codes.items() if rc not in (0, -signal.SIGTERM)}
         if code == 0 and unclean:
             print(f"specd: unclean stop: {unclean}", file=sys.stderr, flush=True)
             return 1
@@ -118,17 +127,17 @@ class StackSupervisor:
 
     def _supervise(self) -> int:
         pending = {service.name for service in self._services}
-        while not self._stop.is_set():
+        while not stop_signals.requested():
             dead = self._first_dead()
             if dead is not None:
-                print(f"specd: {dead.name} exited with code {dead.process.returncode}; stopping the stack",
-                      file=sys.stderr, flush=True)
-                return 1
+                code = dead.process.returncode
+                print(f"specd: {dead.name} exited with code {code}; stopping the stack", file=sys.stderr, flush=True)
+                return code if code > 0 else 1  # 2: a setting it cannot start with (its own line says which)
             if pending:
                 pending = {s.name for s in self._services if s.name in pending and not self._serving(s)}
                 if not pending:
                     print("specd: ready", flush=True)
-            self._stop.wait(0.2)
+            time.sleep(0.2)  # a stop signal is noticed within this (plus a health check's 1 s at most)
         return 0
 
     def _first_dead(self) -> ServiceProcess | None:
@@ -149,7 +158,7 @@ class StackSupervisor:
         for service in reversed(self._services):
             if service.process and service.process.poll() is None:
                 service.process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        deadline = time.monotonic() + self._stop_grace_seconds
         for service in reversed(self._services):
             if service.process is None:
                 continue

@@ -47,6 +47,7 @@ class ServiceOptions:
     tls_ca: str | None = None
     api_key: str | None = None
     kv_cache_bytes: int | None = None  # verifier: KV budget on the CPU (None = the engine's default)
+    kv_cache_memory_fraction: float | None = None  # verifier on CUDA: share of free GPU memory for the KV cache
     max_waiting_requests: int = 256  # verifier: queued requests beyond this get RESOURCE_EXHAUSTED
     log_requests: bool = False  # gateway: log prompts and outputs (off: they never reach the logs)
     inject_delay_ms: int = 0  # drafter: testing aid, sleep this long before answering each batch
@@ -56,6 +57,7 @@ class ServiceOptions:
     draft_memory_tokens: int | None = None  # drafter: tokens that memory holds (None = the drafter's default)
     draft_min_probability: float | None = None  # drafter: stop a draft below this chance (None = its default)
     drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
+    drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -74,6 +76,8 @@ class ServiceOptions:
             raise ValueError("tls_cert: --tls-cert and --tls-key must be given together")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
             raise ValueError("kv_cache_bytes: must be >= 0 (0 = sized by the runner)")
+        if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError(f"kv_cache_memory_fraction: must be in (0, 1], got {self.kv_cache_memory_fraction}")
         if self.max_waiting_requests < 1:
             raise ValueError("max_waiting_requests: must be >= 1")
         if self.inject_delay_ms < 0:
@@ -88,6 +92,8 @@ class ServiceOptions:
                              f"got {self.async_scheduling!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if self.drain_seconds is not None and self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds: must be >= 0, got {self.drain_seconds}")
 
     @property
     def verifier_addresses(self) -> tuple[str, ...]:
@@ -155,6 +161,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--api-key", default=_env("api_key", None))
     group.add_argument("--kv-cache-bytes", type=int, default=_optional_int(_env("kv_cache_bytes", None)),
                        help="verifier: KV cache budget in bytes on the CPU (default: the engine's 256 MiB)")
+    group.add_argument("--kv-cache-memory-fraction", type=float,
+                       default=_optional_float(_env("kv_cache_memory_fraction", None)),
+                       help="verifier on CUDA: share of free GPU memory (after the model) the KV cache takes "
+                            "(default 0.8; --kv-cache-bytes wins)")
     group.add_argument("--max-waiting-requests", type=int,
                        default=int(_env("max_waiting_requests", defaults.max_waiting_requests)),
                        help="verifier: queued requests beyond this are refused with RESOURCE_EXHAUSTED")
@@ -185,6 +195,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="drafter: evidence (own context and memory, lengths from the evidence) or ngram "
                             "(plain prompt lookup, k drafts whenever anything matches: the drafter before "
                             "its memory, kept for comparisons)")
+    group.add_argument("--drain-seconds", type=float, default=_optional_float(_env("drain_seconds", None)),
+                       help="after SIGTERM / SIGINT: how long live calls may finish before the rest are cancelled "
+                            "(default: 10 for gateway and verifier, 5 for the drafter); keep Kubernetes' "
+                            "terminationGracePeriodSeconds above it")
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -204,10 +218,12 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         verifier_addrs=tuple(args.verifier_addrs), drafter_addr=args.drafter_addr, host=args.host,
         port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, api_key=args.api_key,
-        kv_cache_bytes=args.kv_cache_bytes, max_waiting_requests=args.max_waiting_requests,
+        kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+        max_waiting_requests=args.max_waiting_requests,
         log_requests=args.log_requests, inject_delay_ms=args.inject_delay_ms,
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
         draft_memory_scope=args.draft_memory_scope,
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
         drafting=args.drafting,
+        drain_seconds=args.drain_seconds,
     )

@@ -14,6 +14,11 @@ def _tls(options: ServiceOptions) -> TlsConfig | None:
     return TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
 
 
+def drain(options: ServiceOptions) -> dict:
+    """The config field of --drain-seconds where it was given (else the service keeps its default)."""
+    return {} if options.drain_seconds is None else {"grace_seconds": options.drain_seconds}
+
+
 def gateway_config_from_options(options: ServiceOptions):
     """The gateway needs the model folder only for its tokenizer and chat template."""
     from gateway.config import GatewayConfig
@@ -28,6 +33,7 @@ def gateway_config_from_options(options: ServiceOptions):
         tls=_tls(options),
         max_model_len=options.max_model_len or None,
         log_requests=options.log_requests,
+        **drain(options),
     )
 
 
@@ -47,4 +53,5 @@ def drafter_config_from_options(options: ServiceOptions):
         min_draft_probability=(defaults.min_draft_probability if options.draft_min_probability is None
                                else options.draft_min_probability),
         drafting=options.drafting,
+        **drain(options),
     )

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import signal
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specd import stop_signals
+from specd.startup_errors import PortInUse, bound_socket
 from verifier_service.engine.sampling_params import InvalidParameter
 
 logger = logging.getLogger(__name__)
@@ -253,29 +254,55 @@ class GrpcServer:
         self.metrics_port: int | None = None  # bound /metrics port, after start()
 
     async def start(self) -> None:
-        """Bind and start serving; health reports NOT_SERVING until mark_ready()."""
-        server = grpc.aio.server(interceptors=self._interceptors, options=channel_options())
+        """Bind every port and start serving; health reports NOT_SERVING until mark_ready().
+
+        Raises PortInUse naming the option that moves the port, with nothing left bound."""
+        if self.config.metrics_port is not None:
+            self._start_metrics()
+        try:
+            await self._start_grpc()
+        except BaseException:
+            self._stop_metrics()
+            raise
+        logger.info("serving %s on %s:%d", ", ".join(self.service_names), self.config.host, self.port)
+
+    async def _start_grpc(self) -> None:
+        host, port = self.config.host, self.config.port
+        if port:  # checked first: grpc's own failure is a multi-line log of its C core
+            bound_socket(host, port, "port").close()
+        # Without so_reuseport 0, a second server on a taken port would share it with the first, silently.
+        server = grpc.aio.server(interceptors=self._interceptors,
+                                 options=channel_options() + [("grpc.so_reuseport", 0)])
         self._register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        address = f"{self.config.host}:{self.config.port}"
-        if self.config.tls is None:
-            self.port = server.add_insecure_port(address)
-        else:
-            self.port = server.add_secure_port(address, _server_credentials(self.config.tls))
+        try:
+            if self.config.tls is None:
+                self.port = server.add_insecure_port(f"{host}:{port}")
+            else:
+                self.port = server.add_secure_port(f"{host}:{port}", _server_credentials(self.config.tls))
+        except RuntimeError as error:  # grpc's "Failed to bind to address"
+            await server.stop(None)
+            raise PortInUse(host, port, "port") from error
         await server.start()
         self._server = server
-        if self.config.metrics_port is not None:
-            self._start_metrics()
-        logger.info("serving %s on %s:%d", ", ".join(self.service_names), self.config.host, self.port)
 
     def _start_metrics(self) -> None:
-        http_server, _thread = prometheus_client.start_http_server(
-            self.config.metrics_port, addr=self.config.host, registry=self._registry)
+        try:
+            http_server, _thread = prometheus_client.start_http_server(
+                self.config.metrics_port, addr=self.config.host, registry=self._registry)
+        except OSError as error:
+            raise PortInUse(self.config.host, self.config.metrics_port, "metrics-port") from error
         self._metrics_http = http_server
         self.metrics_port = http_server.server_address[1]
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *self.service_names):
@@ -297,27 +324,21 @@ class GrpcServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.stop(grace)
         self._server = None
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()
-            self._metrics_http.server_close()
-            self._metrics_http = None
+        self._stop_metrics()
         logger.info("stopped %s", ", ".join(self.service_names))
 
     async def serve_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT (or the server ends), then drain and stop."""
-        stop_requested = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop_requested.set)
-        try:
-            terminated = asyncio.ensure_future(self._server.wait_for_termination())
-            signalled = asyncio.ensure_future(stop_requested.wait())
-            await asyncio.wait({terminated, signalled}, return_when=asyncio.FIRST_COMPLETED)
-            signalled.cancel()
-            if stop_requested.is_set():
-                logger.info("signal received: draining for up to %.1f s", self.config.grace_seconds)
-            await self.stop()
-            terminated.cancel()
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
+        async with stop_signals.caught() as stop_requested:
+            await self.serve_until(stop_requested)
+
+    async def serve_until(self, stop_requested: asyncio.Event) -> None:
+        """Serve until `stop_requested` is set (or the server ends), then drain and stop."""
+        terminated = asyncio.ensure_future(self._server.wait_for_termination())
+        signalled = asyncio.ensure_future(stop_requested.wait())
+        await asyncio.wait({terminated, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        signalled.cancel()
+        if stop_requested.is_set():
+            logger.info("stop requested: draining for up to %.1f s", self.config.grace_seconds)
+        await self.stop()
+        terminated.cancel()

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from specd.options import VERIFIER_PORTS, ServiceOptions
 from specd.serving import ServerConfig, TlsConfig
+from specd.service_configs import drain
 from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 
@@ -35,6 +36,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         port=VERIFIER_PORTS[0] if options.port is None else options.port,
         metrics_port=VERIFIER_PORTS[1] if options.metrics_port is None else options.metrics_port,
         tls=tls,
+        **drain(options),
     )
     device = options.resolved_device()
     engine = EngineConfig(
@@ -44,7 +46,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         max_model_len=options.max_model_len,
         async_scheduling={"auto": None, "on": True, "off": False}[options.async_scheduling],
         tensor_parallel_size=options.tensor_parallel_size,
-        **_cache_layout(device, options.kv_cache_bytes),
+        **_cache_layout(device, options.kv_cache_bytes, options.kv_cache_memory_fraction),
     )
     # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.
     drafter_addr = None if options.drafter_addr.lower() in ("", "none") else options.drafter_addr
@@ -52,11 +54,13 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
                           max_waiting_requests=options.max_waiting_requests)
 
 
-def _cache_layout(device: str, kv_cache_bytes: int | None) -> dict:
+def _cache_layout(device: str, kv_cache_bytes: int | None, memory_fraction: float | None) -> dict:
     """EngineConfig's KV settings for the device. On CUDA: blocks of 256 tokens (flash-attn's paged layout
     needs a multiple of 256; with 16 the verifier falls back to the reference backend and no CUDA graphs)
     and, unless --kv-cache-bytes says otherwise, a cache sized from free GPU memory (0)."""
     layout = {"block_size": FLASH_BLOCK_SIZE, "kv_cache_bytes": 0} if device == "cuda" else {}
     if kv_cache_bytes is not None:
         layout["kv_cache_bytes"] = kv_cache_bytes
+    if memory_fraction is not None:
+        layout["kv_cache_memory_fraction"] = memory_fraction
     return layout

@@ -73,9 +73,16 @@ class EngineLoop:
         return queue
 
     def abort(self, request_id: str) -> None:
-        """Aborts a live request (client cancel or deadline); its KV blocks are freed before the next step."""
+        """Aborts a live request (client cancel or deadline); its KV blocks are freed before the next step.
+
+        A request the engine has not taken yet is dropped here and never reaches it: applied after its
+        addition, the abort would find nothing to abort and the request would run to its end unwatched."""
         with self._lock:
             if self._queues.pop(request_id, None) is None:
+                return
+            pending = [a for a in self._additions if a.request_id != request_id]
+            if len(pending) < len(self._additions):
+                self._additions = pending
                 return
             self._aborts.append(request_id)
         self._wake.set()
@@ -87,7 +94,7 @@ class EngineLoop:
             return len(self._additions)
 
     def _run(self) -> None:
-        while True:
+        while not self._stopping:  # checked before waiting: a wake-up cleared between steps is lost
             self._wake.wait()
             with self._lock:
                 if self._stopping:

@@ -21,7 +21,9 @@ _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 class VerifierMetrics:
     """Every verifier metric family, registered on `registry`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, num_draft_positions: int = 0) -> None:
+        """`num_draft_positions`: the most drafts a step may score (--max-speculative-tokens); their
+        per-position series, like every stage's, exist from start-up at 0."""
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(f"specd_{name}", doc, labels, registry=registry)
 
@@ -48,6 +50,10 @@ class VerifierMetrics:
         self.steps_scheduled_ahead = counter("steps_scheduled_ahead",
                                              "Steps that launched the next step before their own tokens reached "
                                              "the host (async scheduling).")
+        for stage in STEP_STAGES:
+            self.step_stage_seconds.labels(stage=stage)
+        for position in range(num_draft_positions):
+            self.num_accepted_tokens_per_pos.labels(position=str(position))
 
 
 class VerifierMetricsExporter:

@@ -8,14 +8,17 @@ or hangs turns health NOT_SERVING and ends the process non-zero, as a dead repli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import os
+import threading
 import time
 
 from prometheus_client import CollectorRegistry
 
+from specd import stop_signals
 from specd.default_model import resolve_model_path
 from specd.serving import GrpcServer
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
@@ -39,23 +42,38 @@ def serve(config: VerifierConfig) -> None:
 
 
 async def serve_async(config: VerifierConfig) -> None:
+    async with stop_signals.caught() as stop_requested:
+        await _serve(config, stop_requested)
+
+
+async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     registry = CollectorRegistry()
+    # Registered before the ports open, so /metrics has every family while the model loads.
+    metrics = VerifierMetrics(registry, num_draft_positions=config.engine.speculative_tokens_limit)
     servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests)
     server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
                         register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s))
     await server.start()
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
+    loading = _in_daemon_thread(_load_and_warm_up, config, metrics, leave)
+    stopped = asyncio.ensure_future(stop_requested.wait())
     try:
-        engine_loop, drafter = await asyncio.to_thread(_load_and_warm_up, config, registry, leave)
+        await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            await server.stop(grace=0)
+            _exit_while_loading()
+        engine_loop, drafter = loading.result()
     except BaseException:  # e.g. a model that cannot be split: close the port before the error ends the process
         await server.stop(grace=0)
         raise
+    finally:
+        stopped.cancel()
     engine_loop.start()
     servicer.attach(engine_loop, model_limits(engine_loop.engine))
     await server.mark_ready()
     logger.info("verifier ready on port %d", server.port)
     try:
-        await server.serve_until_signalled()
+        await server.serve_until(stop_requested)
     finally:
         engine_loop.stop()
         if drafter is not None:
@@ -63,14 +81,49 @@ async def serve_async(config: VerifierConfig) -> None:
         engine_loop.engine.runner.close()
 
 
-def _load_and_warm_up(config: VerifierConfig, registry: CollectorRegistry, on_rank_failure):
+def _in_daemon_thread(function, *args) -> asyncio.Future:
+    """`function(*args)` on a daemon thread, as a future of this loop (asyncio.to_thread's threads would
+    hold the process open until the load ends)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = function(*args)
+        except BaseException as raised:  # noqa: BLE001 - handed to the awaiting coroutine
+            error = raised
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="load-model", daemon=True).start()
+    return future
+
+
+def _exit_while_loading() -> None:
+    """A stop asked for during the load: the port is closed already; the load cannot be interrupted (it may
+    be deep in native code, or compiling), so the process ends here rather than wait for it."""
+    logger.info("stop requested while loading the model: exiting")
+    logging.shutdown()
+    os._exit(0)
+
+
+def _load_and_warm_up(config: VerifierConfig, metrics: VerifierMetrics, on_rank_failure):
     """Builds the engine with its drafter client and runs one short generation (runs off the event loop)."""
     started = time.monotonic()
     drafter = _drafter_client(config)
     runner = build_model_runner(config.engine, drafter is not None, on_rank_failure=on_rank_failure)
     engine = Engine(config.engine, drafter, runner)
     _warm_up(engine)
-    exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine,
+    exporter = VerifierMetricsExporter(metrics, engine,
                                        read_fallbacks=(lambda: drafter.num_fallbacks) if drafter else (lambda: 0))
     logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
     return EngineLoop(engine, after_step=exporter.export), drafter

@@ -4,7 +4,7 @@ import time
 import grpc
 
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
-from support.e2e_clients import load_report
+from support.e2e_clients import load_report, metric_value
 
 LONG = dict(prompt="Count from one to one thousand: one, two, three,", max_tokens=400, temperature=0.0,
             ignore_eos=True)
@@ -47,3 +47,24 @@ def test_deadline_ends_the_request_and_frees_its_blocks(stack):
             assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < 5.0
     assert wait_for_used_blocks(stack, baseline) == baseline
+
+
+def test_deadlines_are_counted_as_deadline_exceeded_not_as_aborts(stack):
+    """gRPC cancels the gateway's handler when the client's deadline passes; that is not a client abort
+    (issue 17, item 11: 10 of 11 such requests were counted as finish_reason="abort")."""
+    url = stack.metrics_url("gateway")
+    aborts = metric_value(url, "specd_requests_total", finish_reason="abort")
+    deadlines = metric_value(url, "specd_request_errors_total", code="DEADLINE_EXCEEDED")
+    with grpc.insecure_channel(stack.gateway_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        for _ in range(6):
+            try:
+                for _ in stub.Generate(gateway_pb2.GenerateRequest(**LONG), timeout=0.2):
+                    pass
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 10  # each request is recorded when its handler ends, just after the client's error
+    while metric_value(url, "specd_request_errors_total", code="DEADLINE_EXCEEDED") < deadlines + 6:
+        assert time.monotonic() < deadline, "deadline errors not counted as DEADLINE_EXCEEDED"
+        time.sleep(0.05)
+    assert metric_value(url, "specd_requests_total", finish_reason="abort") == aborts

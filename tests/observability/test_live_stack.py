@@ -6,6 +6,7 @@ One module, so the stack its module-scoped fixtures start (conftest.py) is share
 """
 from __future__ import annotations
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,6 +42,27 @@ def panel_expr(title: str, ref_id: str = "A") -> str:
 def value(result: list[dict]) -> float:
     assert len(result) == 1, result
     return float(result[0]["value"][1])
+
+
+# Label values every service knows at start-up, whose series must exist before anything happens (issue 16.4).
+KNOWN_LABELS = {
+    "specd_requests": ("finish_reason", {"stop", "length", "abort"}),
+    "specd_request_errors": ("code", {code.name for code in grpc.StatusCode} - {"OK"}),
+    "specd_step_stage_seconds": ("stage", {"schedule", "propose", "score", "verify", "update"}),
+    "specd_spec_decode_num_accepted_tokens_per_pos": ("position", {str(p) for p in range(8)}),  # max k: 8
+}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_fresh_stack_has_a_sample_of_every_contract_family(stack, service):
+    """Runs before any request (this module's first tests; `traffic` comes later): an alert on a family
+    must be able to tell "zero" from "not scraped"."""
+    exposed = families(scrape(stack, service))
+    for name in SERVICES[service]:
+        assert name in exposed and exposed[name].samples, f"{service} /metrics has no sample of {name}"
+        if name in KNOWN_LABELS:
+            label, values = KNOWN_LABELS[name]
+            assert {s.labels[label] for s in exposed[name].samples} >= values, name
 
 
 @pytest.mark.parametrize("service", SERVICES)

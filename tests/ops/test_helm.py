@@ -239,3 +239,14 @@ def test_bad_values_fail_naming_the_field(bad_value, field):
     result = run_helm("template", "specd", str(CHART_DIR), f"--set={bad_value}")
     assert result.returncode != 0
     assert field in result.stderr
+
+
+def test_each_pod_outlives_its_services_drain(rendered):
+    """Kubernetes kills a pod terminationGracePeriodSeconds after SIGTERM: the service's drain
+    (SPECD_DRAIN_SECONDS) and its close-down must fit inside, or a rollout cuts live streams off."""
+    for name in RENDERINGS:
+        for workload in workloads(objects(rendered[name])):
+            spec = workload["spec"]["template"]["spec"]
+            (container,) = [c for c in spec["containers"] if "SPECD_DRAIN_SECONDS" in env_of(c)]
+            drain = float(env_of(container)["SPECD_DRAIN_SECONDS"])
+            assert spec["terminationGracePeriodSeconds"] == drain + 10, workload["metadata"]["name"]

@@ -27,6 +27,7 @@ import torch
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.context_length import resolve_max_model_len
 from verifier_service.engine.draft_lookahead import guessed_drafts
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
@@ -64,8 +65,7 @@ class Engine:
         self.proposer = proposer
         self.vocab_size = self.runner.vocab_size
         self.device = torch.device(getattr(self.runner, "device", "cpu"))
-        self.max_model_len = min(config.max_model_len or self.runner.max_model_len, self.runner.max_model_len,
-                                 self.runner.num_blocks * self.runner.block_size)  # a lone request always fits
+        self.max_model_len = resolve_max_model_len(config, self.runner)  # a lone request always fits
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(

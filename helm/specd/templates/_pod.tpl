@@ -4,6 +4,8 @@
 {{- $root := .root }}
 {{- $values := index $root.Values .component -}}
 serviceAccountName: {{ include "specd.serviceAccountName" $root }}
+# The service drains for drainSeconds after SIGTERM (SPECD_DRAIN_SECONDS), then needs a moment to close down.
+terminationGracePeriodSeconds: {{ add $values.drainSeconds 10 }}
 automountServiceAccountToken: false
 securityContext:
   {{- toYaml $root.Values.podSecurityContext | nindent 2 }}

@@ -1,0 +1,44 @@
+"""The engine loop's thread (verifier_service/engine_loop.py): an abort wins whatever the order, and stop()
+returns wherever it lands, mid-generation included (issue 17, items 1 and 2)."""
+import asyncio
+import threading
+
+from support.fake_runner import FakePagedRunner
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.sampling_params import SamplingParams
+from verifier_service.engine_loop import EngineLoop
+
+LONG = SamplingParams(max_tokens=1000, ignore_eos=True)
+
+
+def engine_loop() -> EngineLoop:
+    runner = FakePagedRunner(num_blocks=300, block_size=4, vocab_size=32, max_model_len=1024)
+    return EngineLoop(Engine(EngineConfig(num_speculative_tokens=0), runner=runner))
+
+
+async def test_a_request_aborted_before_the_thread_took_it_never_reaches_the_engine():
+    loop = engine_loop()
+    loop.add("early", [1, 2, 3], LONG)  # the thread is not started: the addition is still queued
+    loop.abort("early")
+    loop.start()
+    try:
+        follower = loop.add("follower", [4, 5], SamplingParams(max_tokens=2))
+        while not (await follower.get()).finished:  # the thread has applied everything queued before it
+            pass
+        assert not loop.engine.has_unfinished_requests()
+        assert loop.load.num_used_blocks == 0
+    finally:
+        loop.stop()
+
+
+async def test_stop_returns_while_a_request_is_generating():
+    for _ in range(20):
+        loop = engine_loop()
+        loop.start()
+        outputs = loop.add("long", [1, 2, 3], LONG)
+        await outputs.get()  # generating: the thread is inside its step loop
+        stopper = threading.Thread(target=loop.stop, daemon=True)
+        stopper.start()
+        await asyncio.to_thread(stopper.join, 5.0)
+        assert not stopper.is_alive(), "EngineLoop.stop() did not return"
