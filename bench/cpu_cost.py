@@ -66,7 +66,7 @@ def engine_alone(model: str, device: str, texts: list[str], max_tokens: int, ks:
     from transformers import AutoTokenizer
 
     from drafter_service.config import DrafterConfig
-    from drafter_service.local import LocalNgramProposer
+    from drafter_service.local import LocalProposer
     from specd.default_model import resolve_model_path
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine, build_model_runner
@@ -80,7 +80,7 @@ def engine_alone(model: str, device: str, texts: list[str], max_tokens: int, ks:
     runner = build_model_runner(config)
     rows = []
     for k in ks:
-        proposer = LocalNgramProposer(DrafterConfig(min_ngram=config.min_ngram, max_ngram=config.max_ngram))
+        proposer = LocalProposer(DrafterConfig())  # the stack's drafter rule, in this process
         engine = Engine(config, proposer=proposer if k else None, runner=runner)
 
         def generate(prompt: list[int], tokens: int) -> int:
