@@ -166,13 +166,17 @@ def test_gateway_dials_each_verifier_replica_through_the_headless_service(render
     assert find(docs, "HorizontalPodAutoscaler", "specd-gateway")
 
 
-def test_the_drafters_memory_scope_and_size_come_from_values(rendered):
+def test_the_drafters_memory_scope_and_size_come_from_values(rendered, tmp_path):
     (drafter,) = pod_spec(objects(rendered["default"]), "drafter")["containers"]
     assert env_of(drafter)["SPECD_DRAFT_MEMORY_SCOPE"] == "global"
     assert env_of(drafter)["SPECD_DRAFT_MEMORY_TOKENS"] == "1000000"
-    per_key = objects(render_chart(set_values=("drafter.memoryScope=per-key",)))
+    assert env_of(drafter)["SPECD_DRAFT_MIN_PROBABILITY"] == "0.15"
+    values = tmp_path / "drafter.yaml"  # a file: helm's --set reads 0.05 as a string
+    values.write_text("drafter:\n  memoryScope: per-key\n  minDraftProbability: 0.05\n")
+    per_key = objects(render_chart(values))
     (drafter,) = pod_spec(per_key, "drafter")["containers"]
     assert env_of(drafter)["SPECD_DRAFT_MEMORY_SCOPE"] == "per-key"
+    assert env_of(drafter)["SPECD_DRAFT_MIN_PROBABILITY"] == "0.05"
 
 
 def test_gpu_values_schedule_the_verifier_on_a_gpu_node(rendered):
@@ -234,6 +238,7 @@ def test_only_the_gateway_accepts_traffic_from_outside_the_release(rendered):
     ("tls.enabled=true", "/tls/secretName"),
     ("model.volume.type=pvc", "/model/volume/claimName"),
     ("drafter.memoryScope=tenant", "/drafter/memoryScope"),
+    ("drafter.minDraftProbability=1.5", "/drafter/minDraftProbability"),
 ])
 def test_bad_values_fail_naming_the_field(bad_value, field):
     result = run_helm("template", "specd", str(CHART_DIR), f"--set={bad_value}")
