@@ -1,4 +1,5 @@
-"""Gateway test fixtures: the default model's real tokenizer, and a gateway in front of a scripted verifier."""
+"""Gateway test fixtures: the default model's real tokenizer, a gateway in front of a scripted verifier, an HTTP client."""
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -17,6 +18,13 @@ async def stack(tokenizer):
     stack = await start_gateway_stack(tokenizer)
     yield stack
     await stack.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def client(stack):
+    """An HTTP client of the module's gateway."""
+    async with httpx.AsyncClient(base_url=stack.http_url, timeout=30) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)

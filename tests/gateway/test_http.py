@@ -5,17 +5,10 @@ import json
 import grpc
 import httpx
 import pytest
-import pytest_asyncio
 
 from support.gateway_stack import REPLY, start_gateway_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def client(stack):
-    async with httpx.AsyncClient(base_url=stack.http_url, timeout=30) as client:
-        yield client
 
 
 def sse_events(body: str) -> list:

@@ -3,22 +3,9 @@ every refusal an OpenAI error object counted in specd_request_errors_total."""
 import asyncio
 import socket
 
-import httpx
 import pytest
-import pytest_asyncio
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def client(stack):
-    async with httpx.AsyncClient(base_url=stack.http_url, timeout=30) as client:
-        yield client
-
-
-def errors_counted(stack, code: str) -> float:
-    return stack.gateway.pipeline.metrics.registry.get_sample_value(
-        "specd_request_errors_total", {"code": code}) or 0.0
 
 
 def status_after_sending(port: int, head: bytes, body: bytes) -> int:
@@ -33,12 +20,12 @@ async def test_a_chunked_body_is_not_read_past_the_cap(stack):
     """One chunk declared far larger than the cap, and a little more than the cap sent: the server must
     answer 413 without waiting for the rest (it used to read chunked bodies to their end)."""
     cap = stack.gateway.pipeline.max_body_bytes()
-    before = errors_counted(stack, "RESOURCE_EXHAUSTED")
+    before = stack.errors_counted("RESOURCE_EXHAUSTED")
     head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"transfer-encoding: chunked\r\n\r\n%x\r\n" % (1 << 30))
     status = await asyncio.to_thread(status_after_sending, stack.gateway.http_port, head, b" " * (cap + 1))
     assert status == 413
-    assert errors_counted(stack, "RESOURCE_EXHAUSTED") == before + 1
+    assert stack.errors_counted("RESOURCE_EXHAUSTED") == before + 1
 
 
 async def test_a_declared_length_over_the_cap_is_413_before_the_body_is_sent(stack):
@@ -67,8 +54,8 @@ async def test_deeply_nested_json_is_a_400_never_a_500(client, stack, where, dep
     path = "/v1/chat/completions" if where == "messages" else "/v1/completions"
     body = ('{"model": "default", "prompt": "Hi", "%s": %s}' % (where, nested) if where != "messages"
             else '{"model": "default", "messages": [{"role": "user", "content": %s}]}' % nested)
-    before = errors_counted(stack, "INVALID_ARGUMENT")
+    before = stack.errors_counted("INVALID_ARGUMENT")
     response = await client.post(path, content=body.encode(), headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"].split("[")[0] in (where, "body")
-    assert errors_counted(stack, "INVALID_ARGUMENT") == before + 1
+    assert stack.errors_counted("INVALID_ARGUMENT") == before + 1

@@ -3,9 +3,7 @@ and a 400 naming any parameter it does not implement (never silently ignored). E
 in specd_request_errors_total."""
 import json
 
-import httpx
 import pytest
-import pytest_asyncio
 
 from gateway.openai_unsupported import NEUTRAL_VALUES
 from support.gateway_stack import MAX_MODEL_LEN
@@ -15,24 +13,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 USER = [{"role": "user", "content": "Hi"}]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def client(stack):
-    async with httpx.AsyncClient(base_url=stack.http_url, timeout=30) as client:
-        yield client
-
-
-def errors_counted(stack, code: str) -> float:
-    return stack.gateway.pipeline.metrics.registry.get_sample_value(
-        "specd_request_errors_total", {"code": code}) or 0.0
-
-
 async def refused(client, stack, path: str, body: dict, status: int = 400, code: str = "INVALID_ARGUMENT") -> dict:
     """The OpenAI error object of a refused request, checked to be counted once under `code`."""
-    before = errors_counted(stack, code)
+    before = stack.errors_counted(code)
     content = json.dumps(body).encode()  # ASCII, with lone surrogates escaped as JSON allows
     response = await client.post(path, content=content, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
-    assert errors_counted(stack, code) == before + 1
+    assert stack.errors_counted(code) == before + 1
     return response.json()["error"]
 
 
@@ -43,12 +30,12 @@ async def refused(client, stack, path: str, body: dict, status: int = 400, code:
     ("DELETE", "/v1/chat/completions", 405, "UNIMPLEMENTED"),
 ])
 async def test_unknown_paths_and_methods_answer_openai_error_objects(client, stack, method, path, status, code):
-    before = errors_counted(stack, code)
+    before = stack.errors_counted(code)
     response = await client.request(method, path)
     assert response.status_code == status
     error = response.json()["error"]
     assert path in error["message"] and set(error) == {"message", "type", "param", "code"}
-    assert errors_counted(stack, code) == before + 1
+    assert stack.errors_counted(code) == before + 1
 
 
 @pytest.mark.parametrize("model_id", ["SmolLM2-135M-Instruct", "default"])
@@ -106,10 +93,10 @@ async def test_null_content_says_so_instead_of_a_template_error(client, stack):
 
 async def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_it(client, stack):
     body = b'{"model": "default", "prompt": "abc \\ud800 def"}'
-    before = errors_counted(stack, "INVALID_ARGUMENT")
+    before = stack.errors_counted("INVALID_ARGUMENT")
     response = await client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
-    assert errors_counted(stack, "INVALID_ARGUMENT") == before + 1
+    assert stack.errors_counted("INVALID_ARGUMENT") == before + 1
 
 
 UNSUPPORTED = [("logprobs", True), ("logprobs", 2), ("top_logprobs", 3), ("echo", True), ("logit_bias", {"5": 10}),

@@ -27,6 +27,11 @@ class GatewayStack:
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway.http_port}"
 
+    def errors_counted(self, code: str) -> float:
+        """The gateway's specd_request_errors_total{code} (0 before the first)."""
+        return self.gateway.pipeline.metrics.registry.get_sample_value(
+            "specd_request_errors_total", {"code": code}) or 0.0
+
     async def stop(self) -> None:
         await self.gateway.stop(0)
         await self.verifier.stop()
