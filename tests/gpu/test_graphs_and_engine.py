@@ -2,12 +2,11 @@
 other sequence's KV), greedy with speculation equals without, and a step syncs with the host once."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 
-from support.engine_runs import generate_greedy, run, top2_gap
+from support.engine_runs import generate_greedy, host_syncs_per_step, run, top2_gap
 from verifier_service.attention.reference import ReferenceAttentionBackend
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 
@@ -212,16 +211,7 @@ def test_a_decode_step_syncs_with_the_host_at_most_once(checkpoint, temperature,
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=30, ignore_eos=True, temperature=temperature,
                                                            top_p=0.9 if filters else 1.0, top_k=50 if filters else 0))
     engine.step()  # the prefill
-    counts = []
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        while engine.has_unfinished_requests():
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                engine.step()
-            counts.append(sum("synchroniz" in str(w.message) for w in caught))
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    counts = host_syncs_per_step(engine)
     print("host syncs per step:", counts)
     assert counts and max(counts) <= 1, counts
 

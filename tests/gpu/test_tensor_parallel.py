@@ -5,13 +5,12 @@ greedy output with speculation equals its output without on 2 ranks (or differs 
 GPU: tests/gpu/test_default_model.py)."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from support.engine_runs import generate_greedy, top2_gap
+from support.engine_runs import generate_greedy, host_syncs_per_step, top2_gap
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine, build_model_runner
@@ -107,16 +106,7 @@ def test_a_decode_step_syncs_rank_0_with_its_device_at_most_once(checkpoint, tem
         for i, prompt in enumerate(PROMPTS[:2]):
             engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=30, ignore_eos=True, temperature=temperature))
         engine.step()  # the prefill
-        counts = []
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            while engine.has_unfinished_requests():
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    engine.step()
-                counts.append(sum("synchroniz" in str(w.message) for w in caught))
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        counts = host_syncs_per_step(engine)
     finally:
         engine.runner.close()
     print("rank 0's host syncs per step:", counts)

@@ -4,7 +4,10 @@ Shared by the CPU engine tests (fake and real runners) and the GPU tests.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+
+import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.engine import Engine
@@ -37,3 +40,18 @@ def top2_gap(runner, tokens: list[int], block_size: int) -> float:
     logits = runner.execute(ScheduledBatch([ScheduledRequest("gap", tokens, 0, table, 0, 1)]))[0]
     top = logits.topk(2).values
     return float(top[0] - top[1])
+
+
+def host_syncs_per_step(engine: Engine) -> list[int]:
+    """Steps `engine` to the end under torch's CUDA sync debug mode: the host syncs each step made."""
+    counts = []
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        while engine.has_unfinished_requests():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                engine.step()
+            counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return counts
