@@ -6,11 +6,11 @@ Each error names the field, so gRPC answers INVALID_ARGUMENT "field: why" and HT
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass, field
 
 from gateway.request import GenerationRequest
 from gateway.tokenizer import Tokenizer
+from specd.float32 import as_float32
 
 
 class RequestError(ValueError):
@@ -163,10 +163,7 @@ def _max_tokens(fields: RequestFields, prompt_len: int, max_model_len: int) -> i
 
 def _float32(value: float, field_name: str) -> float:
     """`value` as the float32 the verifier samples with: a finite number that survives the rounding."""
-    try:
-        rounded = struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:
-        rounded = math.inf
+    rounded = as_float32(value)
     _require(math.isfinite(rounded), field_name, f"must be a finite 32-bit float, got {value}")
     return rounded
 

@@ -1,8 +1,9 @@
 """Per-request sampling parameters, validated once when the request enters the engine."""
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
+
+from specd.float32 import as_float32
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class SamplingParams:
             (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
             (self.temperature >= 0.0, "temperature", "must be >= 0"),
             # Checked as the float32 it is sampled with: 1e-46 > 0, but in float32 it is 0 and keeps no token.
-            (0.0 < _float32(self.top_p) <= 1.0, "top_p", "must be in (0, 1] as a 32-bit float"),
+            (0.0 < as_float32(self.top_p) <= 1.0, "top_p", "must be in (0, 1] as a 32-bit float"),
             (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
@@ -46,13 +47,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-def _float32(value: float) -> float:
-    try:
-        return struct.unpack("f", struct.pack("f", value))[0]  # inf above float32's range
-    except OverflowError:
-        return float("inf")
 
 
 class InvalidParameter(ValueError):
