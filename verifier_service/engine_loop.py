@@ -1,8 +1,8 @@
 """Runs the engine in its own thread, off the asyncio event loop, and routes its outputs to callers.
 
-The engine is not thread-safe, so only this thread touches it: callers on the event loop enqueue
-additions and aborts, the thread drains them between steps, calls `step()` while there is work and
-sleeps on an event when idle. Each RequestOutput goes to its request's asyncio.Queue through
+Only this thread steps the engine: callers on the event loop enqueue additions (and aborts of requests the
+thread is still adding; other aborts go to the engine at once), the thread drains them between steps, calls
+`step()` while there is work and sleeps on an event when idle. Each RequestOutput goes to its request's asyncio.Queue through
 `loop.call_soon_threadsafe`. A failure while adding a request is delivered to that request's queue
 as the exception; a failure inside `step()` is delivered to every live request.
 """
@@ -73,10 +73,13 @@ class EngineLoop:
         return queue
 
     def abort(self, request_id: str) -> None:
-        """Aborts a live request (client cancel or deadline); its KV blocks are freed before the next step.
+        """Aborts a live request (client cancel or deadline) at once, whatever the engine thread is doing.
 
-        A request the engine has not taken yet is dropped here and never reaches it: applied after its
-        addition, the abort would find nothing to abort and the request would run to its end unwatched."""
+        A request the engine has not taken yet is dropped here and never reaches it. One it has is aborted in
+        the engine directly (Engine.abort is safe from any thread): its blocks are free and it is out of the
+        next schedule even while a long step runs - queued for the thread, the abort would wait for the end of
+        that step, and under async scheduling of the step launched behind it. One the thread has taken but not
+        yet added is left to the thread, which aborts it after adding it."""
         with self._lock:
             if self._queues.pop(request_id, None) is None:
                 return
@@ -84,6 +87,10 @@ class EngineLoop:
             if len(pending) < len(self._additions):
                 self._additions = pending
                 return
+        if self._engine.abort(request_id):
+            self.load = self._engine.load()
+            return
+        with self._lock:
             self._aborts.append(request_id)
         self._wake.set()
 

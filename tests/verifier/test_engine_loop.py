@@ -42,3 +42,42 @@ async def test_stop_returns_while_a_request_is_generating():
         stopper.start()
         await asyncio.to_thread(stopper.join, 5.0)
         assert not stopper.is_alive(), "EngineLoop.stop() did not return"
+
+
+class GatedRunner(FakePagedRunner):
+    """Holds every forward until `release` is set, and records which requests each forward ran."""
+
+    def __init__(self) -> None:
+        super().__init__(num_blocks=300, block_size=4, vocab_size=32, max_model_len=1024)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.forwards: list[list[str]] = []
+
+    def execute(self, batch):
+        self.forwards.append([r.request_id for r in batch.requests])
+        self.entered.set()
+        self.release.wait(10)
+        return super().execute(batch)
+
+
+async def test_an_abort_during_a_step_frees_the_request_at_once_and_keeps_it_out_of_the_step_behind():
+    """On the CPU a step takes seconds (a 2,048-token chunk on two cores) and an asynchronous step launches
+    the next one before it returns: an abort that waited for the step to end kept a cancelled request
+    computing for both."""
+    runner = GatedRunner()
+    loop = EngineLoop(Engine(EngineConfig(num_speculative_tokens=0, async_scheduling=True), runner=runner))
+    loop.start()
+    try:
+        loop.add("cancelled", [1, 2, 3], LONG)
+        assert await asyncio.to_thread(runner.entered.wait, 5)  # the thread is inside the request's forward
+        loop.abort("cancelled")
+        for load in (loop.engine.load(), loop.load):  # before that forward ended (and reported as such)
+            assert (load.num_running, load.num_used_blocks) == (0, 0)
+        runner.release.set()
+        follower = loop.add("follower", [4, 5], SamplingParams(max_tokens=2))
+        while not (await follower.get()).finished:
+            pass
+        assert runner.forwards[0] == ["cancelled"]
+        assert all("cancelled" not in forward for forward in runner.forwards[1:]), runner.forwards
+    finally:
+        runner.release.set()
+        loop.stop()

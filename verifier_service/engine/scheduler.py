@@ -228,8 +228,8 @@ class Scheduler:
         """What to ask the proposer for: requests of this batch that have draft slots."""
         wanted = []
         for scheduled in batch.requests:
-            request = self.requests[scheduled.request_id]
-            if request.num_draft_slots:
+            request = self.requests.get(scheduled.request_id)
+            if request is not None and request.num_draft_slots:  # None: aborted since it was scheduled
                 params = request.params
                 wanted.append(DraftRequest(request.request_id, request.token_ids, request.num_draft_slots,
                                            params.min_ngram, params.max_ngram, params.tenant_key))
