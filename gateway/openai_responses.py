@@ -53,7 +53,7 @@ class ResponseWriter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
-        self._sent_role = False
+        self._sent_role: set[int] = set()  # choices whose role went out
 
     def _envelope(self, object_name: str, choices: list, usage: Usage | None) -> dict[str, Any]:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
@@ -61,24 +61,27 @@ class ResponseWriter:
         body["usage"] = usage_body(usage) if usage is not None else None
         return body
 
-    def full(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        """The non-streaming response."""
+    def full(self, choices: list[tuple[str, str]], usage: Usage) -> dict[str, Any]:
+        """The non-streaming response: (text, finish_reason) per choice, in index order."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": finish_reason, "logprobs": None}
-            return self._envelope("chat.completion", [choice], usage)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-        return self._envelope("text_completion", [choice], usage)
+            bodies = [{"index": i, "message": {"role": "assistant", "content": text},
+                       "finish_reason": finish_reason, "logprobs": None}
+                      for i, (text, finish_reason) in enumerate(choices)]
+            return self._envelope("chat.completion", bodies, usage)
+        bodies = [{"index": i, "text": text, "finish_reason": finish_reason, "logprobs": None}
+                  for i, (text, finish_reason) in enumerate(choices)]
+        return self._envelope("text_completion", bodies, usage)
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        """One streamed delta (usage travels in its own final chunk, see usage_chunk)."""
+    def chunk(self, text: str, finish_reason: str | None, index: int = 0) -> dict[str, Any]:
+        """One streamed delta of choice `index` (usage travels in its own final chunk, see usage_chunk)."""
         if self.chat:
             delta = {"content": text}
-            if not self._sent_role:
-                delta["role"], self._sent_role = "assistant", True
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            if index not in self._sent_role:  # each choice's first delta names the role
+                delta["role"] = "assistant"
+                self._sent_role.add(index)
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
             return self._envelope("chat.completion.chunk", [choice], None)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
         return self._envelope("text_completion", [choice], None)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gateway.choices import MAX_CHOICES
 from gateway.validation import RequestError, RequestFields
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
@@ -39,12 +40,17 @@ class _SamplingBody(_Strict):
     user: str | None = None  # identifies the end user to OpenAI's abuse monitoring; nothing to do here
 
     def sampling_fields(self) -> dict[str, Any]:
-        if self.n not in (None, 1):
-            raise RequestError("n", "only n = 1 is supported")
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
                     ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens)
+
+    @property
+    def num_choices(self) -> int:
+        """`n`, checked: choices to generate (gateway/choices.py)."""
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise RequestError("n", f"must be in [1, {MAX_CHOICES}], got {self.n}")
+        return self.n or 1
 
     @property
     def include_usage(self) -> bool:
