@@ -92,10 +92,13 @@ class Engine:
         prompt = self._checked_prompt(prompt_token_ids)
         if not isinstance(params, SamplingParams):
             raise InvalidParameter("params", "must be a SamplingParams")
+        if params.output_position_offset >= len(prompt):
+            raise InvalidParameter("output_position_offset", f"must be less than the prompt's {len(prompt)} tokens "
+                                   "(it counts the generated tokens the prompt ends with)")
         with self._lock:
             if request_id in self.scheduler.requests:
                 raise InvalidParameter("request_id", f"{request_id!r} is already running")
-            request = Request(request_id, prompt, params, next(self._arrivals), self.device)
+            request = Request(request_id, prompt, params, next(self._arrivals))
             self.scheduler.add(request)
 
     def abort(self, request_id: str) -> bool:

@@ -1,9 +1,8 @@
 """One request's state inside the engine."""
 from __future__ import annotations
 
+import secrets
 from enum import Enum
-
-import torch
 
 from verifier_service.engine.outputs import FinishReason, RequestUsage
 from verifier_service.engine.sampling_params import SamplingParams
@@ -26,7 +25,7 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_index: int, device: torch.device | str = "cpu") -> None:
+                 arrival_index: int) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -43,7 +42,7 @@ class Request:
         self.num_pending_drafts = 0  # drafts in flight: the step on the device may emit this many more tokens
         self.num_speculative_tokens = 0  # its k, as the scheduler clamped it (Scheduler.add)
         self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
-        self.generator = _seeded_generator(params.seed, device)
+        self.seed = sampling_seed(params)
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.num_steps = 0
@@ -98,9 +97,10 @@ class Request:
         )
 
 
-def _seeded_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
+def sampling_seed(params: SamplingParams) -> int | None:
+    """The seed a request samples with: its own, else a random one drawn at arrival (63 bits, so it fits any
+    client's signed 64-bit integer) and reported back, so any sampled output can be reproduced. Greedy
+    requests without a seed need none."""
+    if params.seed is not None or params.greedy:
+        return params.seed
+    return secrets.randbits(63)

@@ -12,6 +12,9 @@ class SamplingParams:
 
     temperature == 0 means greedy. Filters (top_k, top_p, min_p) apply only when sampling.
     num_speculative_tokens None means the engine's default; 0 turns speculation off for the request.
+    seed keys the sampler's randomness (keyed_noise.py), None = a random seed drawn at arrival.
+    output_position_offset: generated tokens the prompt ends with (a stream resumed on another verifier carries
+    its output so far in the prompt), so that the position keying each sampled token counts them too.
     """
 
     max_tokens: int = 16
@@ -27,6 +30,7 @@ class SamplingParams:
     min_ngram: int = 0
     max_ngram: int = 0
     tenant_key: str = ""  # for the drafter's per-key memory scope (gateway/tenant.py); "" = no tenant
+    output_position_offset: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -39,6 +43,8 @@ class SamplingParams:
             (self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
              "num_speculative_tokens", "must be >= 0"),
             (self.min_ngram >= 0 and self.max_ngram >= 0, "min_ngram", "n-gram bounds must be >= 0"),
+            (self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)"),
+            (self.output_position_offset >= 0, "output_position_offset", "must be >= 0"),
         ]
         for ok, name, message in checks:
             if not ok:
