@@ -107,7 +107,7 @@ class Engine:
             request = self.scheduler.abort(request_id)
             if request is None:
                 return False
-            self._aborted.append(RequestOutput(request_id, [], FinishReason.ABORT, request.usage()))
+            self._aborted.append(RequestOutput(request_id, [], FinishReason.ABORT, request.usage(), request.seed))
             self._released.append(request_id)
         return True
 

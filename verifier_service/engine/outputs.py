@@ -29,6 +29,7 @@ class RequestOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None  # set when the request finished this step
     usage: RequestUsage
+    seed: int | None = None  # what its sampling is keyed by (its own, or drawn at arrival); None: greedy, unseeded
 
     @property
     def finished(self) -> bool:

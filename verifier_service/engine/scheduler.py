@@ -291,7 +291,7 @@ class Scheduler:
         request.num_steps += 1
         if request.finish_reason is not None:
             request.status = RequestStatus.FINISHED
-        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage())
+        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage(), request.seed)
 
     def _cache_blocks(self, request: Request) -> None:
         if (not self.block_manager.enable_prefix_caching
