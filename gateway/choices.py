@@ -1,7 +1,8 @@
 """OpenAI's `n`: n generations of one prompt, their chunks merged in the order they arrive.
 
 Choice i of a seeded request runs with seed + i, so each choice can be reproduced alone (`n: 1` with that
-seed); unseeded choices differ because each gets its own seed. Choice 0 starts first and the others once its
+seed). A sampled request without a seed draws one here (for n = 1 the verifier draws it), so that the one
+seed the response reports - choice 0's - reproduces every choice. Choice 0 starts first and the others once its
 first chunk has arrived: the prompt's KV blocks are then in the verifier's prefix cache, so the other n - 1
 skip its prefill (when the router sends them to the same replica, as it does with one replica).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -20,10 +22,11 @@ _DONE = object()  # a choice's pump puts this after its last chunk
 
 
 def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
-    """The n requests: choice i with seed + i (wrapping inside [0, 2**63)) when the request has a seed."""
-    if request.seed is None:
+    """The n requests: choice i with seed + i (wrapping inside [0, 2**63)); greedy ones need no seed."""
+    if request.seed is None and request.temperature == 0:
         return [request] * n
-    return [dataclasses.replace(request, seed=(request.seed + i) % 2**63) for i in range(n)]
+    seed = secrets.randbits(63) if request.seed is None else request.seed
+    return [dataclasses.replace(request, seed=(seed + i) % 2**63) for i in range(n)]
 
 
 async def merged_choices(pipeline, request: GenerationRequest, n: int,

@@ -34,6 +34,7 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
         ignore_eos=request.ignore_eos,
         stop_token_ids=request.stop_token_ids,
         num_speculative_tokens=request.num_speculative_tokens,
+        output_position_offset=request.output_position_offset,
     )
     return verifier_pb2.VerifierGenerateRequest(
         request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling,
@@ -56,14 +57,14 @@ def chunk_from_verifier(message: verifier_pb2.VerifierGenerateResponse) -> Verif
     """One verifier step as a domain chunk."""
     usage = usage_from_pb(message.usage) if message.HasField("usage") else None
     return VerifierChunk(token_ids=tuple(message.token_ids), finish_reason=message.finish_reason,
-                         usage=usage)
+                         usage=usage, seed=message.seed if message.HasField("seed") else None)
 
 
 def generate_response(chunk: TextChunk) -> gateway_pb2.GenerateResponse:
     """One message of the Gateway/Generate stream."""
     usage = usage_to_pb(chunk.usage) if chunk.usage is not None else None
     return gateway_pb2.GenerateResponse(text=chunk.text, token_ids=chunk.token_ids,
-                                        finish_reason=chunk.finish_reason, usage=usage)
+                                        finish_reason=chunk.finish_reason, usage=usage, seed=chunk.seed)
 
 
 def get_load_request() -> verifier_pb2.GetLoadRequest:

@@ -113,13 +113,15 @@ async def _only_choice(chunks: AsyncIterator[TextChunk]) -> AsyncIterator[tuple[
 async def _collect(chunks: AsyncIterator[tuple[int, TextChunk]], writer: responses.ResponseWriter, n: int) -> dict:
     texts: list[list[str]] = [[] for _ in range(n)]
     finished: dict[int, TextChunk] = {}
+    seed = None
     async for index, chunk in chunks:
         texts[index].append(chunk.text)
+        seed = chunk.seed if index == 0 and chunk.seed is not None else seed  # choice 0's first chunk has it
         if chunk.finish_reason:
             finished[index] = chunk
             if len(finished) == n:
                 choices = [("".join(texts[i]), finished[i].finish_reason) for i in range(n)]
-                return writer.full(choices, summed_usage([finished[i].usage for i in range(n)]))
+                return writer.full(choices, summed_usage([finished[i].usage for i in range(n)]), seed)
     raise AssertionError("the pipeline ended without a finish_reason")
 
 
@@ -130,7 +132,7 @@ async def _events(first: tuple[int, TextChunk], chunks: AsyncIterator[tuple[int,
     try:
         index, chunk = first
         while True:
-            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, index))
+            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, index, chunk.seed))
             if chunk.finish_reason:
                 usages[index] = chunk.usage
                 if len(usages) == n:

@@ -25,6 +25,9 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     num_speculative_tokens: int | None = None  # None = the verifier's default; 0 = speculation off
     tenant_key: str = ""  # who it is for (gateway/tenant.py): the drafter's per-key memory scope
+    # Generated tokens the prompt ends with: set only when a stream is resumed on another verifier
+    # (gateway/resume.py), never by a client.
+    output_position_offset: int = 0
 
 
 @dataclass
@@ -50,6 +53,7 @@ class VerifierChunk:
     token_ids: tuple[int, ...]
     finish_reason: str = ""  # "" until the last message
     usage: Usage | None = None  # on the last message only
+    seed: int | None = None  # the seed the request samples with, on the first message (None: greedy, unseeded)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class TextChunk:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = ""
     usage: Usage | None = None
+    seed: int | None = None  # on the first message: the seed that reproduces the text (None: greedy, unseeded)
 
 
 @dataclass(frozen=True)

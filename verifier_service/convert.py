@@ -37,6 +37,9 @@ def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
     if len(request.tenant_key.encode()) > MAX_TENANT_KEY_BYTES:
         raise InvalidParameter("tenant_key", f"must be at most {MAX_TENANT_KEY_BYTES} bytes")
     params = sampling_from_proto(request.sampling, len(prompt), limits)
+    if params.output_position_offset >= len(prompt):
+        raise InvalidParameter("output_position_offset", f"must be less than the prompt's {len(prompt)} tokens "
+                                                         "(it counts the generated tokens the prompt ends with)")
     return request.request_id, prompt, replace(params, tenant_key=request.tenant_key)
 
 
@@ -56,13 +59,16 @@ def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
         stop_token_ids=tuple(sampling.stop_token_ids),
         num_speculative_tokens=(sampling.num_speculative_tokens
                                 if sampling.HasField("num_speculative_tokens") else None),
+        output_position_offset=sampling.output_position_offset,
     )
 
 
-def output_to_proto(output: RequestOutput) -> verifier_pb2.VerifierGenerateResponse:
-    """One step's tokens and the usage so far; the finish reason only on the last message."""
+def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.VerifierGenerateResponse:
+    """One step's tokens and the usage so far; the seed on the first message, the finish reason on the last."""
     response = verifier_pb2.VerifierGenerateResponse(token_ids=output.new_token_ids,
                                                      usage=usage_to_proto(output.usage))
+    if first and output.seed is not None:
+        response.seed = output.seed
     if output.finished:
         response.finish_reason = output.finish_reason.value
     return response

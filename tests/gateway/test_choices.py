@@ -31,10 +31,28 @@ async def test_n_choices_come_back_indexed_with_seeds_counted_up_and_usage_summe
     assert usage["prompt_tokens"] == len(sent[0].prompt_token_ids)  # the prompt counts once
 
 
-async def test_unseeded_choices_leave_their_seeds_to_the_verifier(client, stack):
+async def test_unseeded_sampled_choices_share_one_reported_seed_that_reproduces_them_all(client, stack):
+    """The gateway draws the seed (for n = 1 the verifier does), so that the response's one `seed` with the
+    same n reproduces every choice; greedy choices need none."""
     before = len(stack.verifier.requests)
-    await client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "n": 2, "temperature": 1})
+    body = (await client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "n": 2,
+                                                       "temperature": 1})).json()
+    seeds = sorted(r.sampling.seed for r in stack.verifier.requests[before:])
+    assert seeds == [body["seed"], body["seed"] + 1]
+    before = len(stack.verifier.requests)
+    body = (await client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "n": 2,
+                                                       "temperature": 0})).json()
     assert [r.sampling.HasField("seed") for r in stack.verifier.requests[before:]] == [False, False]
+    assert body["seed"] is None
+
+
+async def test_streamed_choices_report_the_seed_once_on_choice_0s_first_chunk(client):
+    response = await client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "n": 3, "seed": 40,
+                                                          "stream": True})
+    chunks = sse_events(response.text)[:-1]
+    with_seed = [c for c in chunks if "seed" in c]
+    assert len(with_seed) == 1 and with_seed[0]["seed"] == 40 and with_seed[0]["choices"][0]["index"] == 0
+    assert with_seed[0] is next(c for c in chunks if c["choices"][0]["index"] == 0)
 
 
 async def test_streamed_chat_choices_each_start_with_the_role_and_finish_once(client, stack):

@@ -45,6 +45,14 @@ async def test_the_verifier_gets_the_tokenized_prompt_and_sampling(stub, stack):
     assert sampling.HasField("num_speculative_tokens") and sampling.num_speculative_tokens == 0
 
 
+async def test_the_first_message_reports_the_seed_the_request_samples_with(stub, stack):
+    messages = await generate(stub, prompt="x")  # temperature unset: 1, sampled; no seed: the verifier draws one
+    assert messages[0].seed == stack.verifier.drawn_seed and len(messages) > 1
+    assert not any(m.HasField("seed") for m in messages[1:])
+    assert (await generate(stub, prompt="x", seed=5))[0].seed == 5
+    assert not (await generate(stub, prompt="x", temperature=0))[0].HasField("seed")
+
+
 async def test_max_tokens_ends_with_length(stub):
     messages = await generate(stub, prompt="x", max_tokens=2)
     assert messages[-1].finish_reason == "length"

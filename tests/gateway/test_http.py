@@ -86,6 +86,21 @@ async def test_num_speculative_tokens_and_sampling_fields_reach_the_verifier(cli
     assert sent.sampling.temperature == 0 and sent.sampling.num_speculative_tokens == 0
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+], ids=["completion", "chat"])
+async def test_responses_report_the_seed_the_request_sampled_with(client, stack, path, body):
+    """Extension field `seed`: the verifier's random one for a sampled request without one (sending it back
+    reproduces the text), the client's own when given, null for greedy; in a stream, on the first chunk."""
+    body = {"model": "default", **body}
+    assert (await client.post(path, json=body)).json()["seed"] == stack.verifier.drawn_seed
+    assert (await client.post(path, json=body | {"seed": 11})).json()["seed"] == 11
+    assert (await client.post(path, json=body | {"temperature": 0})).json()["seed"] is None
+    chunks = sse_events((await client.post(path, json=body | {"seed": 12, "stream": True})).text)[:-1]
+    assert chunks[0]["seed"] == 12 and len(chunks) > 1 and all("seed" not in c for c in chunks[1:])
+
+
 BAD_BODIES = [
     ({"model": "gpt-4", "prompt": "x"}, "model"),
     ({"model": "default", "prompt": "x", "temperature": -1}, "temperature"),

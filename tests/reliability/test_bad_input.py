@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from support.small_stack import CONTEXT, VOCAB_SIZE as VOCAB
-from specd.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from specd.v1 import common_pb2, gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from support.e2e_clients import generate
 
 LONG_PROMPT = "word " * (CONTEXT + 10)
@@ -111,6 +111,17 @@ def test_verifier_refuses_an_oversized_tenant_key(small_stack, bystander):
             list(verifier_pb2_grpc.VerifierStub(channel).Generate(request, timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("tenant_key:")
+
+
+def test_verifier_refuses_an_output_position_offset_beyond_the_prompts_generated_tokens(small_stack, bystander):
+    """output_position_offset counts generated tokens at the end of the prompt, so it is less than its length."""
+    request = verifier_pb2.VerifierGenerateRequest(request_id="bad-offset", prompt_token_ids=[3, 4],
+                                                   sampling=common_pb2.SamplingParams(output_position_offset=2))
+    with grpc.insecure_channel(small_stack.verifier_addresses[0]) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(verifier_pb2_grpc.VerifierStub(channel).Generate(request, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("output_position_offset:")
 
 
 @pytest.mark.parametrize("body, param", HTTP_CASES, ids=[p for _, p in HTTP_CASES])

@@ -2,8 +2,9 @@
 (0 never stands for "unset" or "off"), in the float32 precision it is sampled with."""
 import pytest
 
-from specd.v1 import common_pb2
-from verifier_service.convert import ModelLimits, sampling_from_proto
+from specd.v1 import common_pb2, verifier_pb2
+from verifier_service.convert import ModelLimits, output_to_proto, request_from_proto, sampling_from_proto
+from verifier_service.engine.outputs import RequestOutput, RequestUsage
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
@@ -27,3 +28,20 @@ def test_top_p_is_checked_in_float32():
     with pytest.raises(InvalidParameter, match="^top_p: "):
         SamplingParams(temperature=1.0, top_p=1e-46)
     assert SamplingParams(temperature=1.0, top_p=1e-30).top_p == 1e-30  # a normal float32
+
+
+def test_a_resumed_stream_says_how_many_prompt_tokens_were_generated():
+    sampling = common_pb2.SamplingParams(temperature=1.0, seed=3, output_position_offset=2)
+    request = verifier_pb2.VerifierGenerateRequest(request_id="r", prompt_token_ids=[5, 6, 7], sampling=sampling)
+    assert request_from_proto(request, LIMITS)[2].output_position_offset == 2
+    request.prompt_token_ids[:] = [6, 7]  # no token of the prompt's own left
+    with pytest.raises(InvalidParameter, match="^output_position_offset: "):
+        request_from_proto(request, LIMITS)
+
+
+def test_the_seed_goes_on_the_first_message_only():
+    output = RequestOutput("r", [4], None, RequestUsage(1, 1, 0, 0, 1), seed=2**64 - 1)
+    assert output_to_proto(output, first=True).seed == 2**64 - 1
+    assert not output_to_proto(output).HasField("seed")
+    greedy = RequestOutput("r", [4], None, RequestUsage(1, 1, 0, 0, 1))
+    assert not output_to_proto(greedy, first=True).HasField("seed")
