@@ -13,9 +13,10 @@ so the row keys of one seed are SplitMix64's outputs over positions, and each ro
 stream that starts at its key (both pass BigCrush).
 
 Everything is vectorised int64 tensor arithmetic, on the CPU and on CUDA alike: multiplication wraps
-modulo 2**64 on both (two's complement: x86-64 imul / AVX-512 vpmullq on the CPU, PTX mul.lo.s64 on CUDA),
-and logical right shifts are arithmetic shifts with the sign-extended bits masked off. The constants above
-2**63 are written as the signed int64 with the same bits.
+modulo 2**64 on both (two's complement; tests/engine/test_keyed_noise.py pins the CPU against Python's
+unbounded integers, and CUDA compiles int64 products to PTX mul.lo.s64, the low 64 bits), and logical right
+shifts are arithmetic shifts with the sign-extended bits masked off. The constants above 2**63 are written as
+the signed int64 with the same bits.
 """
 from __future__ import annotations
 
