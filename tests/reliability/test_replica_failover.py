@@ -40,8 +40,10 @@ SAMPLED = dict(temperature=1.0, top_p=0.95)
 @pytest.fixture(scope="module")
 def expected_sampled(stack) -> dict[str, list[int]]:
     """Seeded sampled streams, uninterrupted (their tokens do not depend on the batch: keyed sampling)."""
-    return {p: stream(stack.gateway_address, p, threading.Event(), seed=i, **SAMPLED)
-            for i, p in enumerate(PROMPTS[:3])}
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = pool.map(lambda i: stream(stack.gateway_address, PROMPTS[i], threading.Event(), seed=i, **SAMPLED),
+                           range(len(PROMPTS)))
+    return dict(zip(PROMPTS, results))
 
 
 def stream(address: str, prompt: str, first_token: threading.Event, **sampling) -> list[int]:
