@@ -15,7 +15,8 @@ Sampling (temperature > 0): n-gram drafts are deterministic, i.e. the draft dist
 mass on the draft x. The paper's rule "accept with probability min(1, p(x) / q(x))" becomes "accept with
 probability p(x)", and its residual max(0, p - q), normalised, becomes p with x removed and renormalised.
 Each emitted token is then distributed exactly as p_j: P(x) = p(x), and any other y is emitted with
-(1 - p(x)) * p(y) / (1 - p(x)) = p(y). p is the filtered target (temperature, top-k, top-p, min-p).
+(1 - p(x)) * p(y) / (1 - p(x)) = p(y). p is the filtered target (temperature, top-k, top-p, min-p) of the
+logits after penalties and logit bias (logits_processors.py), which are applied to every row first.
 
 Everything runs on the whole batch with tensor ops; the result reaches the host in one copy, which
 verify_async leaves queued so the engine can launch the next step before waiting for it. Greedy decode /
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.sampling import target_probabilities
 from verifier_service.engine.sampling_metadata import SamplingMetadata
 
@@ -85,6 +87,7 @@ def verify(
 
 def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVerification:
     """verify, with the result left on the device until PendingVerification.result() asks for it."""
+    logits = apply_logits_processors(logits, metadata.logits_processors)  # penalties, logit bias (or as is)
     accepted, replacement = _judge_rows(logits, metadata)  # [num_rows] bool, [num_rows] int64
     num_columns = metadata.row_index.shape[1]  # max drafts + 1
     accepted_padded = accepted[metadata.row_index[:, :-1]] & metadata.draft_mask  # [num_requests, max_drafts]
