@@ -25,6 +25,10 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     num_speculative_tokens: int | None = None  # None = the verifier's default; 0 = speculation off
     tenant_key: str = ""  # who it is for (gateway/tenant.py): the drafter's per-key memory scope
+    presence_penalty: float = 0.0  # 0 = off
+    frequency_penalty: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
 
 
 @dataclass
