@@ -21,8 +21,9 @@ def reference_row(logits: torch.Tensor, prompt: list[int], output: list[int], pa
     row = logits.clone()
     for token, bias in params.logit_bias.items():
         row[token] += bias
+    penalty = params.repetition_penalty
     for token in set(prompt) | set(output):
-        row[token] = row[token] / params.repetition_penalty if row[token] > 0 else row[token] * params.repetition_penalty
+        row[token] = row[token] / penalty if row[token] > 0 else row[token] * penalty
     for token, count in Counter(output).items():
         row[token] -= params.frequency_penalty * count
         row[token] -= params.presence_penalty
@@ -94,4 +95,4 @@ def test_only_a_logit_bias_builds_no_counts():
     inputs = SamplingMetadata.build(ScheduledBatch([verify_entry(request, [5], 2)]), [request],
                                     torch.device("cpu")).logits_processors
     assert inputs.bias is not None and not inputs.penalized
-    assert all(inputs.lists[name].numel() == 0 for name in ("output_tokens", "prompt_tokens", "draft_tokens"))
+    assert all(inputs.lists[name].numel() == 0 for name in ("output_tokens", "prompt_tokens", "candidates"))
