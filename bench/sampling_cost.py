@@ -11,7 +11,8 @@ iterations (on a loaded machine the fastest is the better estimate of the work i
 the medians to `none`.
 
     .venv/bin/python bench/sampling_cost.py [--iterations 50] [--context 256] [--temperature 0]
-    PYTHONPATH=/work/main .venv/bin/python bench/sampling_cost.py --plain-only   # `none` on another checkout
+    cd OTHER_CHECKOUT && .venv/bin/python PATH/TO/bench/sampling_cost.py --plain-only
+        # `none` on another checkout (its own environment: the editable install decides what is imported)
 """
 from __future__ import annotations
 
