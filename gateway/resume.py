@@ -5,7 +5,8 @@ process died), the request is sent to another replica with the prompt plus those
 prompt and the remaining max_tokens, and the stream goes on from there. For greedy decoding the
 output is identical to an uninterrupted run; for sampling every token is still drawn from the
 target distribution given the ones before it, though a seeded request's later tokens differ from
-what the same seed gives uninterrupted. Usage is merged so the client sees one request's counts.
+what the same seed gives uninterrupted, and presence / frequency penalties no longer count the tokens
+emitted before the resume (they are prompt there). Usage is merged so the client sees one request's counts.
 """
 from __future__ import annotations
 
