@@ -97,8 +97,8 @@ class LogitsProcessorInputs:
         """Per adjusted row: its request's candidates, with the token in flight (on the device) in its column."""
         candidates = self.candidates
         if self.lists["last_requests"].numel():
-            candidates = candidates.index_put((self.lists["last_requests"], torch.full_like(
-                self.lists["last_requests"], IN_FLIGHT_COLUMN)), self.last_tokens())
+            candidates = candidates.clone()
+            candidates[self.lists["last_requests"], IN_FLIGHT_COLUMN] = self.last_tokens()
         return candidates[self.row_request]
 
     def last_tokens(self) -> torch.Tensor:  # [num_last] int64
@@ -146,8 +146,9 @@ class _SparseStep:
         if repeated:
             ints["prompt_requests"] += [index] * prompt_len
             ints["prompt_tokens"] += known[:prompt_len]
-        pending = request.pending_draft_ids if scheduled.previous_token_row >= 0 else []
+        pending = []
         if scheduled.previous_token_row >= 0:  # the step in flight's tokens are counted on the device
+            pending = request.pending_draft_ids
             ints["flight_requests"] += [index] * len(pending)
             ints["flight_tokens"] += pending
             ints["flight_columns"] += range(len(pending))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from specd.float32 import as_float32
 
@@ -64,7 +63,7 @@ class SamplingParams:
         for ok, name, message in checks:
             if not ok:
                 raise InvalidParameter(name, message)
-        object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))  # frozen like the rest
+        object.__setattr__(self, "logit_bias", dict(self.logit_bias))  # its own copy: the caller's may change
 
     @property
     def greedy(self) -> bool:
