@@ -6,7 +6,7 @@ from gateway.request import GenerationRequest, ReplicaLoad, TextChunk, Usage, Ve
 from gateway.validation import RequestFields
 
 _OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                    "num_speculative_tokens")
+                    "num_speculative_tokens", "repetition_penalty")
 
 
 def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> RequestFields:
@@ -18,6 +18,9 @@ def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> Reques
         prompt_token_ids=list(message.prompt_token_ids) or None,
         stop=list(message.stop),
         ignore_eos=message.ignore_eos,
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        logit_bias=dict(message.logit_bias) or None,
         **optional,
     )
 
@@ -35,6 +38,10 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
         stop_token_ids=request.stop_token_ids,
         num_speculative_tokens=request.num_speculative_tokens,
         output_position_offset=request.output_position_offset,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        logit_bias=dict(request.logit_bias),
     )
     return verifier_pb2.VerifierGenerateRequest(
         request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling,

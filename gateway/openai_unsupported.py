@@ -1,7 +1,7 @@
 """OpenAI parameters that specd does not implement: refused naming them, never silently ignored.
 
 A client may still send one at the value that asks for nothing (`"logprobs": false`,
-`"presence_penalty": 0`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
+`"best_of": 1`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
 """
 from __future__ import annotations
 
@@ -14,10 +14,6 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "logprobs": (False,),
     "top_logprobs": (0,),
     "echo": (False,),
-    "logit_bias": ({},),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),  # specd's announced extension, not built yet
     "best_of": (1,),
     "suffix": ("",),
     "response_format": ({"type": "text"},),

@@ -28,6 +28,10 @@ class GenerationRequest:
     # Generated tokens the prompt ends with: set only when a stream is resumed on another verifier
     # (gateway/resume.py), never by a client.
     output_position_offset: int = 0
+    presence_penalty: float = 0.0  # 0 = off
+    frequency_penalty: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
 
 
 @dataclass

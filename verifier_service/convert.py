@@ -45,10 +45,10 @@ def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
 
 def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
                         limits: ModelLimits) -> SamplingParams:
-    """Proto fields mapped to the engine's: unset max_tokens = up to the context length, unset top_p = 1
-    (off). A value that is set is checked as sent: 0 is never read as "unset"."""
+    """Proto fields mapped to the engine's: unset max_tokens = up to the context length, unset top_p and
+    repetition_penalty = 1 (off). A value that is set is checked as sent: 0 is never read as "unset"."""
     room = limits.max_model_len - prompt_len
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=min(sampling.max_tokens, room) if sampling.HasField("max_tokens") else room,
         temperature=sampling.temperature,
         top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
@@ -60,7 +60,13 @@ def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
         num_speculative_tokens=(sampling.num_speculative_tokens
                                 if sampling.HasField("num_speculative_tokens") else None),
         output_position_offset=sampling.output_position_offset,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty if sampling.HasField("repetition_penalty") else 1.0,
+        logit_bias=dict(sampling.logit_bias),
     )
+    params.check_vocabulary(limits.vocab_size)
+    return params
 
 
 def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.VerifierGenerateResponse:

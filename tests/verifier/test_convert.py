@@ -45,3 +45,27 @@ def test_the_seed_goes_on_the_first_message_only():
     assert not output_to_proto(output).HasField("seed")
     greedy = RequestOutput("r", [4], None, RequestUsage(1, 1, 0, 0, 1))
     assert not output_to_proto(greedy, first=True).HasField("seed")
+def test_penalties_and_logit_bias_reach_the_engine_and_unset_means_off():
+    unset = sampling_from_proto(common_pb2.SamplingParams(), prompt_len=4, limits=LIMITS)
+    assert (unset.presence_penalty, unset.frequency_penalty, unset.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert not unset.adjusts_logits
+    sampling = common_pb2.SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
+                                         logit_bias={7: -100.0, 99: 2.5})
+    params = sampling_from_proto(sampling, prompt_len=4, limits=LIMITS)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.25)
+    assert dict(params.logit_bias) == {7: -100.0, 99: 2.5}
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),  # sent, so not read as unset (1)
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+    ({"logit_bias": {100: 1.0}}, "logit_bias[100]"),  # outside the vocabulary of 100
+    ({"logit_bias": {-3: 1.0}}, "logit_bias[-3]"),
+    ({"logit_bias": {5: 100.5}}, "logit_bias[5]"),
+    ({"logit_bias": {t: 1.0 for t in range(301)}}, "logit_bias"),
+])
+def test_bad_penalties_are_refused_naming_the_field(fields, field):
+    with pytest.raises(InvalidParameter) as error:
+        sampling_from_proto(common_pb2.SamplingParams(**fields), prompt_len=4, limits=LIMITS)
+    assert error.value.field == field

@@ -95,6 +95,7 @@ class Engine:
         if params.output_position_offset >= len(prompt):
             raise InvalidParameter("output_position_offset", f"must be less than the prompt's {len(prompt)} tokens "
                                    "(it counts the generated tokens the prompt ends with)")
+        params.check_vocabulary(self.vocab_size)
         with self._lock:
             if request_id in self.scheduler.requests:
                 raise InvalidParameter("request_id", f"{request_id!r} is already running")
@@ -233,9 +234,11 @@ class Engine:
     @timed_stage("score")
     def _score_greedy(self, batch: ScheduledBatch, requests: list[Request]) -> PendingVerification | None:
         """Launches a greedy step that the runner verifies itself (a CUDA graph with its verdict inside);
-        None where it cannot (then the forward's logits go through the rejection sampler)."""
+        None where it cannot (then the forward's logits go through the rejection sampler). The graph judges
+        the raw logits, so a request with penalties or a logit bias takes the rejection sampler's path."""
         execute_greedy = getattr(self.runner, "execute_greedy", None)
-        if execute_greedy is None or not batch or not all(r.params.greedy for r in requests):
+        if execute_greedy is None or not batch or not all(r.params.greedy and not r.params.adjusts_logits
+                                                          for r in requests):
             return None
         verdict = execute_greedy(batch)
         if verdict is None:

@@ -22,7 +22,8 @@ rejection emits y given y != x, i.e. p with x removed and renormalised, the resi
 normalised. So each emitted token is distributed exactly as p_j, and, more than that, it is the very token
 decoding without speculation would emit at that position: seeded output does not depend on speculation,
 k, the batch, preemption or prefix-cache hits. Every sampled request has a seed (a random one if the
-client gave none, request.py). Greedy rows need no noise.
+client gave none, request.py). Greedy rows need no noise. p_j is the target of the logits after penalties and
+logit bias (logits_processors.py), which are applied to every row first.
 
 Everything runs on the whole batch with tensor ops; the result reaches the host in one copy, which
 verify_async leaves queued so the engine can launch the next step before waiting for it. Greedy decode /
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from verifier_service.engine.keyed_noise import exponential_noise
+from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.sampling import target_probabilities
 from verifier_service.engine.sampling_metadata import SamplingMetadata
 
@@ -93,6 +95,7 @@ def verify(
 
 def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVerification:
     """verify, with the result left on the device until PendingVerification.result() asks for it."""
+    logits = apply_logits_processors(logits, metadata.logits_processors)  # penalties, logit bias (or as is)
     accepted, replacement = _judge_rows(logits, metadata)  # [num_rows] bool, [num_rows] int64
     num_columns = metadata.row_index.shape[1]  # max drafts + 1
     accepted_padded = accepted[metadata.row_index[:, :-1]] & metadata.draft_mask  # [num_requests, max_drafts]

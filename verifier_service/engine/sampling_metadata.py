@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.logits_processor_inputs import LogitsProcessorInputs
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_keys import row_sampling_keys
 from verifier_service.host_copy import to_device
@@ -34,6 +35,7 @@ class SamplingMetadata:
     use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
     use_top_p: bool = True
     use_min_p: bool = True
+    logits_processors: LogitsProcessorInputs | None = None  # penalties and logit bias; None: nobody uses any
 
     @classmethod
     def build(cls, batch: ScheduledBatch, requests: Sequence[Request], device: torch.device) -> SamplingMetadata:
@@ -88,4 +90,5 @@ class SamplingMetadata:
             use_top_k=any(k > 0 for k in top_k),
             use_top_p=any(p < 1.0 for p in top_p),
             use_min_p=any(p > 0.0 for p in min_p),
+            logits_processors=LogitsProcessorInputs.build(with_logits, batch.previous_result, device),
         )

@@ -91,7 +91,7 @@ class Scheduler:
                 continue  # aborted while it ran
             request.num_computed_tokens = scheduled.context_len - scheduled.num_draft_tokens
             if scheduled.num_logits:
-                request.append_pending_token(scheduled.num_draft_tokens)
+                request.append_pending_token(scheduled.token_ids[scheduled.num_tokens - scheduled.num_draft_tokens:])
         return self._schedule(ahead=True)
 
     def lookahead_requests(self, in_flight: ScheduledBatch) -> list[DraftRequest]:
