@@ -27,9 +27,11 @@ from specd.v1 import verifier_pb2_grpc
 logger = logging.getLogger(__name__)
 
 VERIFIER_SERVICE = "specd.v1.Verifier"
-# A replica that is down, draining or full can take no new work; another replica may.
+# A replica that is down, draining or full can take no new work; another replica may. CANCELLED here comes
+# from the replica, never from us (our own cancel raises CancelledError in our task): grpc answers it to a call
+# that reaches a server in the moment its drain begins.
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             grpc.StatusCode.ABORTED})
+                             grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
 
 
 class UpstreamError(Exception):

@@ -90,8 +90,10 @@ async def test_a_stale_load_report_does_not_count_requests_that_already_finished
     await router.close()
 
 
-async def test_a_replica_failing_before_the_first_token_is_retried_on_another(router, replicas):
-    replicas[0].fail_with = grpc.StatusCode.UNAVAILABLE
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED])
+async def test_a_replica_failing_before_the_first_token_is_retried_on_another(router, replicas, code):
+    """CANCELLED too: grpc answers it to a call that reaches a replica as its drain begins (a rollout)."""
+    replicas[0].fail_with = code
     replicas[1].reported_running = 3  # the router would pick replica 0 first
     await router.poll()
     chunks = await collect(router)
