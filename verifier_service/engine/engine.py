@@ -230,9 +230,11 @@ class Engine:
     @timed_stage("score")
     def _score_greedy(self, batch: ScheduledBatch, requests: list[Request]) -> PendingVerification | None:
         """Launches a greedy step that the runner verifies itself (a CUDA graph with its verdict inside);
-        None where it cannot (then the forward's logits go through the rejection sampler)."""
+        None where it cannot (then the forward's logits go through the rejection sampler), or where a request
+        wants logprobs (the graph's verdict has only the tokens)."""
         execute_greedy = getattr(self.runner, "execute_greedy", None)
-        if execute_greedy is None or not batch or not all(r.params.greedy for r in requests):
+        if execute_greedy is None or not batch or not all(r.params.greedy and r.params.logprobs is None
+                                                          for r in requests):
             return None
         verdict = execute_greedy(batch)
         if verdict is None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.logprobs import LogprobsPlan, plan_logprobs
 from verifier_service.engine.request import Request
 from verifier_service.host_copy import to_device
 
@@ -35,6 +36,7 @@ class SamplingMetadata:
     use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
     use_top_p: bool = True
     use_min_p: bool = True
+    logprobs: LogprobsPlan | None = None  # rows that need log-probabilities (None: no request asked)
 
     @classmethod
     def build(cls, batch: ScheduledBatch, requests: Sequence[Request], device: torch.device) -> SamplingMetadata:
@@ -94,6 +96,7 @@ class SamplingMetadata:
             use_top_k=any(k > 0 for k in top_k),
             use_top_p=any(p < 1.0 for p in top_p),
             use_min_p=any(p > 0.0 for p in min_p),
+            logprobs=plan_logprobs([(s.num_draft_tokens, r.params) for _, s, r in with_logits], max_drafts, device),
         )
 
     def random_draws(self, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

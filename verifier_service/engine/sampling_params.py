@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 
 from specd.float32 import as_float32
 
+MAX_LOGPROBS = 20  # most likely alternatives a request may ask for per token (OpenAI's chat maximum)
+LOGPROBS_MODES = ("raw", "processed")  # which distribution logprobs are taken from (engine/logprobs.py)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -12,6 +15,8 @@ class SamplingParams:
 
     temperature == 0 means greedy. Filters (top_k, top_p, min_p) apply only when sampling.
     num_speculative_tokens None means the engine's default; 0 turns speculation off for the request.
+    logprobs None means none; N in 0..MAX_LOGPROBS: each emitted token's log-probability and the N most
+    likely tokens at its position, from the raw or the processed distribution (logprobs_mode, see logprobs.py).
     """
 
     max_tokens: int = 16
@@ -27,6 +32,8 @@ class SamplingParams:
     min_ngram: int = 0
     max_ngram: int = 0
     tenant_key: str = ""  # for the drafter's per-key memory scope (gateway/tenant.py); "" = no tenant
+    logprobs: int | None = None
+    logprobs_mode: str = "raw"
 
     def __post_init__(self) -> None:
         checks = [
@@ -39,6 +46,9 @@ class SamplingParams:
             (self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
              "num_speculative_tokens", "must be >= 0"),
             (self.min_ngram >= 0 and self.max_ngram >= 0, "min_ngram", "n-gram bounds must be >= 0"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"must be in [0, {MAX_LOGPROBS}] (or unset for none)"),
+            (self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}"),
         ]
         for ok, name, message in checks:
             if not ok:
