@@ -101,11 +101,14 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
 
 
 async def _collect(chunks: AsyncIterator[TextChunk], writer: responses.ResponseWriter) -> dict:
-    texts = []
+    texts, logprobs = [], None
     async for chunk in chunks:
         texts.append(chunk.text)
+        if chunk.logprobs is not None:  # the request asked
+            logprobs = logprobs if logprobs is not None else []
+            logprobs += chunk.logprobs
         if chunk.finish_reason:
-            return writer.full("".join(texts), chunk.finish_reason, chunk.usage)
+            return writer.full("".join(texts), chunk.finish_reason, chunk.usage, logprobs)
     raise AssertionError("the pipeline ended without a finish_reason")
 
 
@@ -115,7 +118,7 @@ async def _events(first: TextChunk, chunks: AsyncIterator[TextChunk], writer: re
     try:
         chunk = first
         while True:
-            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None))
+            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs))
             if chunk.finish_reason:
                 if include_usage:
                     yield responses.sse(writer.usage_chunk(chunk.usage))

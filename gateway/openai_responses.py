@@ -8,7 +8,8 @@ from typing import Any
 
 import grpc
 
-from gateway.request import Usage
+from gateway.openai_logprobs import chat_logprobs, completion_logprobs
+from gateway.request import SentLogprobs, Usage
 
 # How a grpc status reads over HTTP.
 HTTP_STATUS = {
@@ -61,25 +62,33 @@ class ResponseWriter:
         body["usage"] = usage_body(usage) if usage is not None else None
         return body
 
-    def full(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        """The non-streaming response."""
+    def full(self, text: str, finish_reason: str, usage: Usage,
+             logprobs: list[SentLogprobs] | None = None) -> dict[str, Any]:
+        """The non-streaming response; logprobs None where the request did not ask."""
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": finish_reason, "logprobs": None}
+                      "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
             return self._envelope("chat.completion", [choice], usage)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
         return self._envelope("text_completion", [choice], usage)
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, text: str, finish_reason: str | None,
+              logprobs: list[SentLogprobs] | None = None) -> dict[str, Any]:
         """One streamed delta (usage travels in its own final chunk, see usage_chunk)."""
         if self.chat:
             delta = {"content": text}
             if not self._sent_role:
                 delta["role"], self._sent_role = "assistant", True
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
+                      "logprobs": self._logprobs(logprobs)}
             return self._envelope("chat.completion.chunk", [choice], None)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
         return self._envelope("text_completion", [choice], None)
+
+    def _logprobs(self, entries: list[SentLogprobs] | None) -> dict[str, Any] | None:
+        if entries is None:
+            return None
+        return chat_logprobs(entries) if self.chat else completion_logprobs(entries)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The last chunk when stream_options.include_usage: no choices, the request's usage."""

@@ -36,6 +36,7 @@ class _SamplingBody(_Strict):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     num_speculative_tokens: int | None = None  # specd extension: 0 = speculation off
+    logprobs_mode: str | None = None  # specd extension: "raw" (default) or "processed"
     user: str | None = None  # identifies the end user to OpenAI's abuse monitoring; nothing to do here
 
     def sampling_fields(self) -> dict[str, Any]:
@@ -44,7 +45,8 @@ class _SamplingBody(_Strict):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
-                    ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens)
+                    ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens,
+                    logprobs_mode=self.logprobs_mode)
 
     @property
     def include_usage(self) -> bool:
@@ -55,6 +57,7 @@ class CompletionBody(_SamplingBody):
     """POST /v1/completions: one prompt, as text or token ids."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | bool | None = None  # N most likely tokens per position; false (what some SDKs send) = none
 
     def request_fields(self) -> RequestFields:
         prompt = self.prompt
@@ -63,6 +66,10 @@ class CompletionBody(_SamplingBody):
                 raise RequestError("prompt", "batches of prompts are not supported; send one prompt")
             prompt = prompt[0]
         fields = self.sampling_fields()
+        if self.logprobs is True:
+            raise RequestError("logprobs", "must be an integer (how many of the most likely tokens to list), "
+                                           "not true")
+        fields["logprobs"] = None if self.logprobs is False else self.logprobs
         defaults = dict(default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
                         client_names={"prompt_token_ids": "prompt"})
         if isinstance(prompt, str):
@@ -93,10 +100,15 @@ class ChatCompletionBody(_SamplingBody):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # the current OpenAI name of max_tokens; wins over it
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # with logprobs: how many of the most likely tokens to list, 0..20
 
     def request_fields(self) -> RequestFields:
         fields = self.sampling_fields()
-        names = {}
+        names = {"logprobs": "top_logprobs"}  # the range error is about top_logprobs
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs", "needs logprobs: true")
+        fields["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         if self.max_completion_tokens is not None:
             fields["max_tokens"], names["max_tokens"] = self.max_completion_tokens, "max_completion_tokens"
         return RequestFields(messages=[m.for_template() for m in self.messages], client_names=names, **fields)

@@ -1,6 +1,6 @@
 """OpenAI parameters that specd does not implement: refused naming them, never silently ignored.
 
-A client may still send one at the value that asks for nothing (`"logprobs": false`,
+A client may still send one at the value that asks for nothing (`"echo": false`,
 `"presence_penalty": 0`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
 """
 from __future__ import annotations
@@ -11,8 +11,6 @@ from gateway.validation import RequestError
 
 # parameter -> the values that ask for nothing (None, i.e. JSON null, always does)
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "echo": (False,),
     "logit_bias": ({},),
     "presence_penalty": (0,),

@@ -38,6 +38,8 @@ class RequestFields:
     stop: list[str] | None = None
     ignore_eos: bool = False
     num_speculative_tokens: int | None = None
+    logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
+    logprobs_mode: str | None = None  # "raw" (None) or "processed"
     default_max_tokens: int | None = None  # max_tokens when not given; None = the room left in the context
     # What the client called a field where its name differs from ours (HTTP sends token ids as `prompt`,
     # and `max_completion_tokens` for max_tokens): errors name the field the client sent.
@@ -48,6 +50,8 @@ class RequestFields:
 
 
 INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
+MAX_LOGPROBS = 20  # most likely tokens per position a request may ask for (the verifier's limit too)
+LOGPROBS_MODES = ("raw", "processed")
 
 
 def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> GenerationRequest:
@@ -74,6 +78,8 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
         ignore_eos=bool(fields.ignore_eos),
         stop_token_ids=tokenizer.eos_token_ids,
         num_speculative_tokens=_num_speculative_tokens(fields.num_speculative_tokens),
+        logprobs=_logprobs(fields.logprobs, fields.name("logprobs")),
+        logprobs_mode=_logprobs_mode(fields.logprobs_mode),
     )
 
 
@@ -206,4 +212,17 @@ def _seed(value: int | None) -> int | None:
 def _num_speculative_tokens(value: int | None) -> int | None:
     _require(value is None or 0 <= value <= INT32_MAX, "num_speculative_tokens",
              f"must be in [0, {INT32_MAX}] (0 turns speculation off), got {value}")
+    return value
+
+
+def _logprobs(value: int | None, field_name: str) -> int | None:
+    _require(value is None or 0 <= value <= MAX_LOGPROBS, field_name,
+             f"must be in [0, {MAX_LOGPROBS}], got {value}")
+    return value
+
+
+def _logprobs_mode(value: str | None) -> str:
+    if value is None:
+        return "raw"
+    _require(value in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {value[:40]!r}")
     return value
