@@ -78,6 +78,8 @@ def assert_logprobs_match(expected: torch.Tensor, tokens: list[int], logprobs: l
         assert len(entry.top) == num_top and values == sorted(values, reverse=True)
         assert all(abs(value - float(row[token])) < TOLERANCE for token, value in entry.top)
         assert torch.allclose(torch.tensor(values), row.topk(num_top).values, atol=TOLERANCE)
+        if num_top and float(row[entry.token_id]) > values[-1] + TOLERANCE:  # clearly among the top N
+            assert entry.token_id in [token for token, _ in entry.top]
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
