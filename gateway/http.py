@@ -8,8 +8,8 @@ grpc code of the same meaning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
-
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from gateway import openai_responses as responses
 from gateway.auth import OPEN_HTTP_PATHS, bearer_matches
+from gateway.choices import best, collect, interleaved, sample_requests, total_usage
 from gateway.http_body import read_json_object
 from gateway.http_errors import ClientGone, install_error_handlers
 from gateway.openai_schema import ChatCompletionBody, CompletionBody, parse_body
@@ -91,39 +92,38 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
                                          tenant_key(headers.get("authorization"), headers.get(TENANT_HEADER)))
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
-    chunks = pipeline.generate(generation, deadline)
+    n, best_of = body.choices()
+    ranked = best_of > n  # samples are ranked by their logprobs, asked for if the client did not
+    sampled = dataclasses.replace(generation, logprobs=generation.logprobs or 0) if ranked else generation
+    chunks = interleaved(pipeline, sample_requests(sampled, best_of), deadline)
     if body.stream:
         # The first chunk is awaited here so that a failure before any token is a proper HTTP status.
         first = await _until_disconnected(request, anext(chunks))
         return StreamingResponse(_events(first, chunks, writer, body.include_usage),
                                  media_type="text/event-stream")
-    return JSONResponse(await _until_disconnected(request, _collect(chunks, writer)))
+    choices = await _until_disconnected(request, collect(chunks))
+    usage = total_usage([choice.usage for choice in choices])
+    if ranked:
+        choices = best(choices, n, keep_logprobs=generation.logprobs is not None)
+    return JSONResponse(writer.full(choices, usage))
 
 
-async def _collect(chunks: AsyncIterator[TextChunk], writer: responses.ResponseWriter) -> dict:
-    texts, logprobs = [], None
-    async for chunk in chunks:
-        texts.append(chunk.text)
-        if chunk.logprobs is not None:  # the request asked
-            logprobs = logprobs if logprobs is not None else []
-            logprobs += chunk.logprobs
-        if chunk.finish_reason:
-            return writer.full("".join(texts), chunk.finish_reason, chunk.usage, logprobs)
-    raise AssertionError("the pipeline ended without a finish_reason")
-
-
-async def _events(first: TextChunk, chunks: AsyncIterator[TextChunk], writer: responses.ResponseWriter,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+async def _events(first: tuple[int, TextChunk], chunks: AsyncIterator[tuple[int, TextChunk]],
+                  writer: responses.ResponseWriter, include_usage: bool) -> AsyncIterator[bytes]:
     """The SSE stream; a disconnecting client cancels this task, which closes `chunks`."""
     try:
-        chunk = first
+        usages = []
+        index, chunk = first
         while True:
-            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs))
+            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs, index))
             if chunk.finish_reason:
-                if include_usage:
-                    yield responses.sse(writer.usage_chunk(chunk.usage))
+                usages.append(chunk.usage)
+            try:
+                index, chunk = await anext(chunks)
+            except StopAsyncIteration:  # every choice has finished
                 break
-            chunk = await anext(chunks)
+        if include_usage:
+            yield responses.sse(writer.usage_chunk(total_usage(usages)))
     except UpstreamError as error:
         _status, error_type = responses.status_for(error.code)
         yield responses.sse(responses.error_body(error.message, error_type))

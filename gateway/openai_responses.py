@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from gateway.choices import Choice
 from gateway.openai_logprobs import chat_logprobs, completion_logprobs
 from gateway.request import SentLogprobs, Usage
 
@@ -54,7 +55,7 @@ class ResponseWriter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
-        self._sent_role = False
+        self._sent_role: set[int] = set()  # choices whose first chat delta (with the role) went out
 
     def _envelope(self, object_name: str, choices: list, usage: Usage | None) -> dict[str, Any]:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
@@ -62,27 +63,28 @@ class ResponseWriter:
         body["usage"] = usage_body(usage) if usage is not None else None
         return body
 
-    def full(self, text: str, finish_reason: str, usage: Usage,
-             logprobs: list[SentLogprobs] | None = None) -> dict[str, Any]:
-        """The non-streaming response; logprobs None where the request did not ask."""
+    def full(self, choices: list[Choice], usage: Usage) -> dict[str, Any]:
+        """The non-streaming response; a choice's logprobs are None where the request did not ask."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
-            return self._envelope("chat.completion", [choice], usage)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
-        return self._envelope("text_completion", [choice], usage)
+            bodies = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                       "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.logprobs)} for c in choices]
+            return self._envelope("chat.completion", bodies, usage)
+        bodies = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                   "logprobs": self._logprobs(c.logprobs)} for c in choices]
+        return self._envelope("text_completion", bodies, usage)
 
-    def chunk(self, text: str, finish_reason: str | None,
-              logprobs: list[SentLogprobs] | None = None) -> dict[str, Any]:
-        """One streamed delta (usage travels in its own final chunk, see usage_chunk)."""
+    def chunk(self, text: str, finish_reason: str | None, logprobs: list[SentLogprobs] | None = None,
+              index: int = 0) -> dict[str, Any]:
+        """One streamed delta of choice `index` (usage travels in its own final chunk, see usage_chunk)."""
         if self.chat:
             delta = {"content": text}
-            if not self._sent_role:
-                delta["role"], self._sent_role = "assistant", True
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
+            if index not in self._sent_role:
+                delta["role"] = "assistant"
+                self._sent_role.add(index)
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
                       "logprobs": self._logprobs(logprobs)}
             return self._envelope("chat.completion.chunk", [choice], None)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
+        choice = {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
         return self._envelope("text_completion", [choice], None)
 
     def _logprobs(self, entries: list[SentLogprobs] | None) -> dict[str, Any] | None:

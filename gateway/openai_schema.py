@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gateway.choices import MAX_CHOICES
 from gateway.validation import RequestError, RequestFields
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
@@ -31,7 +32,8 @@ class _SamplingBody(_Strict):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: int | None = None  # choices to return (gateway/choices.py)
+    best_of: int | None = None  # samples to choose them from, by cumulative logprob
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
@@ -40,13 +42,23 @@ class _SamplingBody(_Strict):
     user: str | None = None  # identifies the end user to OpenAI's abuse monitoring; nothing to do here
 
     def sampling_fields(self) -> dict[str, Any]:
-        if self.n not in (None, 1):
-            raise RequestError("n", "only n = 1 is supported")
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
                     ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens,
                     logprobs_mode=self.logprobs_mode)
+
+    def choices(self) -> tuple[int, int]:
+        """(n, best_of): how many choices to return, and how many samples to choose them from."""
+        n = 1 if self.n is None else self.n
+        if not 1 <= n <= MAX_CHOICES:
+            raise RequestError("n", f"must be in [1, {MAX_CHOICES}], got {n}")
+        best_of = n if self.best_of is None else self.best_of
+        if not n <= best_of <= MAX_CHOICES:
+            raise RequestError("best_of", f"must be in [n, {MAX_CHOICES}] (n = {n}), got {best_of}")
+        if best_of > n and self.stream:
+            raise RequestError("best_of", "cannot be used with stream: the best choices are known only at the end")
+        return n, best_of
 
     @property
     def include_usage(self) -> bool:

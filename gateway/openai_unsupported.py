@@ -16,7 +16,6 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "repetition_penalty": (1,),  # specd's announced extension, not built yet
-    "best_of": (1,),
     "suffix": ("",),
     "response_format": ({"type": "text"},),
     "tools": ([],),

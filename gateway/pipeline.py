@@ -17,7 +17,7 @@ from gateway.detokenizer import IncrementalDetokenizer
 from gateway.logprobs import LogprobsAligner
 from gateway.metrics import GatewayMetrics
 from gateway.request import GenerationRequest, TextChunk, Usage, VerifierChunk
-from gateway.router import Router, UpstreamError
+from gateway.router import ReplicaPin, Router, UpstreamError
 from gateway.stats import RequestStats
 from gateway.stop import StopStringMatcher
 from gateway.token_text import TokenTexts
@@ -75,8 +75,9 @@ class Pipeline:
         validate_model_name(model, self.served_model_names)
 
     async def generate(self, request: GenerationRequest, deadline: float | None = None,
-                       ) -> AsyncIterator[TextChunk]:
-        """Text chunks for `request`; the last has finish_reason and usage.
+                       pin: ReplicaPin | None = None) -> AsyncIterator[TextChunk]:
+        """Text chunks for `request`; the last has finish_reason and usage. Requests with the same `pin` go to
+        the same verifier replica (router.py).
 
         Raises UpstreamError when no verifier can serve it. Closing the iterator early cancels the
         verifier call.
@@ -86,7 +87,7 @@ class Pipeline:
         run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats, logprobs)
         request_id = uuid.uuid4().hex
         try:
-            async with aclosing(self.router.generate(request_id, request, deadline)) as chunks:
+            async with aclosing(self.router.generate(request_id, request, deadline, pin)) as chunks:
                 stats.dispatched()
                 async for chunk in chunks:
                     out = run.step(chunk)

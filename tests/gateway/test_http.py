@@ -97,7 +97,7 @@ BAD_BODIES = [
     ({"model": "default", "prompt": [1, 10**6]}, "prompt"),  # the HTTP field, not the gRPC one
     ({"model": "default", "prompt": "x", "temperature": "hot"}, "temperature"),
     ({"model": "default"}, "prompt"),
-    ({"model": "default", "prompt": "x", "n": 2}, "n"),
+    ({"model": "default", "prompt": "x", "n": 0}, "n"),
     ({"model": "default", "prompt": "x", "num_speculative_tokens": -1}, "num_speculative_tokens"),
 ]
 

@@ -78,7 +78,8 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
                                      accepted_tokens=len(tokens) - len(steps), steps=len(steps),
                                      num_speculative_tokens=min(asked_k, 8) if asked_k is not None else 4)
             first = index * self.tokens_per_step
-            logprobs = ([scripted_logprobs(first + i, token, sampling.logprobs) for i, token in enumerate(step)]
+            seed = sampling.seed if sampling.HasField("seed") else 0
+            logprobs = ([scripted_logprobs(first + i, token, sampling.logprobs, seed) for i, token in enumerate(step)]
                         if sampling.HasField("logprobs") else None)
             yield verifier_pb2.VerifierGenerateResponse(
                 token_ids=step, finish_reason=finish_reason if last else "", usage=usage if last else None,
@@ -91,10 +92,10 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
                                        max_model_len=self.max_model_len)
 
 
-def scripted_logprobs(position: int, token_id: int, num_top: int) -> common_pb2.TokenLogprobs:
+def scripted_logprobs(position: int, token_id: int, num_top: int, seed: int = 0) -> common_pb2.TokenLogprobs:
     """The logprobs the scripted verifier reports for output position `position`: the token is the most likely
-    one at -(position + 1) / 8, then made-up ids 1000, 1001, ... one nat apart."""
-    logprob = -(position + 1) / 8
+    one at -(position + 1) / 8 - (seed % 4) / 4, then made-up ids 1000, 1001, ... one nat apart."""
+    logprob = -(position + 1) / 8 - (seed % 4) / 4
     top = [(token_id, logprob)] + [(1000 + j, logprob - j - 1) for j in range(num_top - 1)]
     return common_pb2.TokenLogprobs(chosen=common_pb2.TokenLogprob(token_id=token_id, logprob=logprob),
                                     top=[common_pb2.TokenLogprob(token_id=t, logprob=v) for t, v in top[:num_top]])

@@ -1,0 +1,122 @@
+"""`n` and `best_of`: several independent samples of one prompt in one HTTP response, as OpenAI returns them.
+
+Sample i is the request with seed + i when a seed is given (else its own randomness), so any choice can be
+reproduced alone. The first sample runs alone until its first token: by then its prompt's KV blocks are in
+the prefix cache of its verifier replica, and the others, pinned to that replica (router.ReplicaPin), start
+from them instead of computing the prompt again. Chunks of all samples stream as they come, each with its
+choice's index. best_of generates best_of samples and returns the n with the highest cumulative logprob (the
+sum of the logprobs of the tokens sent, from the distribution logprobs_mode names), most likely first; it
+cannot stream. Usage counts the prompt once and every token generated, those of discarded samples included.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.request import GenerationRequest, SentLogprobs, TextChunk, Usage
+from gateway.router import ReplicaPin
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Pipeline
+
+MAX_CHOICES = 16  # samples one request may ask for (n, best_of): each costs a request's worth of work
+_SEEDS = 2**63  # seeds are in [0, 2**63): seed + i wraps around
+
+
+def sample_requests(request: GenerationRequest, count: int) -> list[GenerationRequest]:
+    """The request of each sample: seed + i when seeded."""
+    if request.seed is None:
+        return [request] * count
+    return [dataclasses.replace(request, seed=(request.seed + i) % _SEEDS) for i in range(count)]
+
+
+async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
+                      deadline: float | None) -> AsyncIterator[tuple[int, TextChunk]]:
+    """(choice index, chunk) of every sample as they come, until all have finished; the first error raises.
+    Closing it early cancels every sample (and its verifier call)."""
+    if len(requests) == 1:
+        async with aclosing(pipeline.generate(requests[0], deadline)) as chunks:
+            async for chunk in chunks:
+                yield 0, chunk
+        return
+    arrivals: asyncio.Queue = asyncio.Queue()
+    pin, prompt_cached = ReplicaPin(), asyncio.Event()
+
+    async def sample(index: int, request: GenerationRequest) -> None:
+        try:
+            if index:
+                await prompt_cached.wait()
+            async with aclosing(pipeline.generate(request, deadline, pin)) as chunks:
+                async for chunk in chunks:
+                    prompt_cached.set()
+                    arrivals.put_nowait((index, chunk))
+        except Exception as error:  # noqa: BLE001 - handed to the consumer, which raises it
+            arrivals.put_nowait((index, error))
+        finally:
+            prompt_cached.set()  # the first sample failed before its first token: the others go anyway
+
+    tasks = [asyncio.create_task(sample(i, request)) for i, request in enumerate(requests)]
+    try:
+        unfinished = len(requests)
+        while unfinished:
+            index, item = await arrivals.get()
+            if isinstance(item, Exception):
+                raise item
+            yield index, item
+            unfinished -= bool(item.finish_reason)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class Choice:
+    """One sample, collected: its text, how it ended, its counts and its logprobs (None: not asked)."""
+
+    index: int
+    text: str = ""
+    finish_reason: str = ""
+    usage: Usage | None = None
+    logprobs: list[SentLogprobs] | None = None
+
+    def add(self, chunk: TextChunk) -> None:
+        self.text += chunk.text
+        if chunk.logprobs is not None:
+            self.logprobs = self.logprobs if self.logprobs is not None else []
+            self.logprobs += chunk.logprobs
+        if chunk.finish_reason:
+            self.finish_reason, self.usage = chunk.finish_reason, chunk.usage
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(entry.chosen.logprob for entry in self.logprobs or ())
+
+
+async def collect(chunks: AsyncIterator[tuple[int, TextChunk]]) -> list[Choice]:
+    """Every sample's choice, in index order."""
+    choices: dict[int, Choice] = {}
+    async for index, chunk in chunks:
+        choices.setdefault(index, Choice(index)).add(chunk)
+    return [choices[index] for index in sorted(choices)]
+
+
+def best(choices: list[Choice], n: int, keep_logprobs: bool) -> list[Choice]:
+    """The n choices with the highest cumulative logprob, most likely first, indexed 0..n - 1."""
+    ranked = sorted(choices, key=lambda choice: choice.cumulative_logprob, reverse=True)[:n]
+    return [dataclasses.replace(choice, index=index, logprobs=choice.logprobs if keep_logprobs else None)
+            for index, choice in enumerate(ranked)]
+
+
+def total_usage(usages: list[Usage]) -> Usage:
+    """The samples' counts together: the prompt once, generated tokens, drafts and steps summed (so
+    completion_tokens / steps stays the mean acceptance length)."""
+    return Usage(prompt_tokens=usages[0].prompt_tokens,
+                 completion_tokens=sum(u.completion_tokens for u in usages),
+                 draft_tokens=sum(u.draft_tokens for u in usages),
+                 accepted_tokens=sum(u.accepted_tokens for u in usages),
+                 steps=sum(u.steps for u in usages), num_speculative_tokens=usages[0].num_speculative_tokens)
