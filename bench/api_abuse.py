@@ -235,8 +235,13 @@ def cases(t: Target) -> list[tuple[str, Callable[[], Outcome]]]:
         ("14 image part", lambda: refused(chat({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}), 400, "messages[0].content[0].type")),
     ]
-    unsupported = [("logprobs", 2), ("echo", True), ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
-                   ("frequency_penalty", 0.5), ("best_of", 2), ("suffix", "x"), ("response_format", {"type": "json_object"}),
+    listed += [
+        ('18 "presence_penalty": 3', lambda: refused(completion({"prompt": "Hi", "presence_penalty": 3}), 400,
+                                                     "presence_penalty")),
+        ('18 logit_bias outside the vocabulary', lambda: refused(completion(
+            {"prompt": "Hi", "logit_bias": {"999999": 5}}), 400, 'logit_bias["999999"]')),
+    ]
+    unsupported = [("logprobs", 2), ("echo", True), ("best_of", 2), ("suffix", "x"), ("response_format", {"type": "json_object"}),
                    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto")]
     listed += [(f"14 {name} not implemented", lambda name=name, value=value: refused(
         completion({"prompt": "Hi", name: value}), 400, name)) for name, value in unsupported]

@@ -1,17 +1,20 @@
 """`n` and `best_of`: several independent samples of one prompt in one HTTP response, as OpenAI returns them.
 
-Sample i is the request with seed + i when a seed is given (else its own randomness), so any choice can be
-reproduced alone. The first sample runs alone until its first token: by then its prompt's KV blocks are in
-the prefix cache of its verifier replica, and the others, pinned to that replica (router.ReplicaPin), start
-from them instead of computing the prompt again. Chunks of all samples stream as they come, each with its
-choice's index. best_of generates best_of samples and returns the n with the highest cumulative logprob (the
-sum of the logprobs of the tokens sent, from the distribution logprobs_mode names), most likely first; it
-cannot stream. Usage counts the prompt once and every token generated, those of discarded samples included.
+Sample i is the request with seed + i, so any choice can be reproduced alone (`n: 1` with that seed). A
+sampled request without a seed and more than one sample draws one here (for one sample the verifier draws
+it), so that the one seed the response reports - sample 0's - reproduces every choice; greedy samples need
+none. The first sample runs alone until its first token: by then its prompt's KV blocks are in the prefix
+cache of its verifier replica, and the others, pinned to that replica (router.ReplicaPin), start from them
+instead of computing the prompt again. Chunks of all samples stream as they come, each with its choice's
+index. best_of generates best_of samples and returns the n with the highest cumulative logprob (the sum of
+the logprobs of the tokens sent, from the distribution logprobs_mode names), most likely first; it cannot
+stream. Usage counts the prompt once and every token generated, those of discarded samples included.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -23,15 +26,17 @@ from gateway.router import ReplicaPin
 if TYPE_CHECKING:
     from gateway.pipeline import Pipeline
 
-MAX_CHOICES = 16  # samples one request may ask for (n, best_of): each costs a request's worth of work
+MAX_CHOICES = 128  # samples one request may ask for (n, best_of), OpenAI's limit; each costs a request's work
 _SEEDS = 2**63  # seeds are in [0, 2**63): seed + i wraps around
 
 
 def sample_requests(request: GenerationRequest, count: int) -> list[GenerationRequest]:
-    """The request of each sample: seed + i when seeded."""
-    if request.seed is None:
+    """The request of each sample: seed + i, the seed drawn here for sampled requests without one (one
+    sample alone is left to the verifier, which draws and reports it); greedy ones need no seed."""
+    if count == 1 or request.seed is None and request.temperature == 0:
         return [request] * count
-    return [dataclasses.replace(request, seed=(request.seed + i) % _SEEDS) for i in range(count)]
+    seed = secrets.randbits(63) if request.seed is None else request.seed
+    return [dataclasses.replace(request, seed=(seed + i) % _SEEDS) for i in range(count)]
 
 
 async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
@@ -76,16 +81,19 @@ async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
 
 @dataclass
 class Choice:
-    """One sample, collected: its text, how it ended, its counts and its logprobs (None: not asked)."""
+    """One sample, collected: its text, how it ended, its counts, its logprobs (None: not asked) and its seed."""
 
     index: int
     text: str = ""
     finish_reason: str = ""
     usage: Usage | None = None
     logprobs: list[SentLogprobs] | None = None
+    seed: int | None = None  # what it sampled with, from its first chunk (None: greedy, unseeded)
 
     def add(self, chunk: TextChunk) -> None:
         self.text += chunk.text
+        if chunk.seed is not None and self.seed is None:
+            self.seed = chunk.seed
         if chunk.logprobs is not None:
             self.logprobs = self.logprobs if self.logprobs is not None else []
             self.logprobs += chunk.logprobs
@@ -119,4 +127,5 @@ def total_usage(usages: list[Usage]) -> Usage:
                  completion_tokens=sum(u.completion_tokens for u in usages),
                  draft_tokens=sum(u.draft_tokens for u in usages),
                  accepted_tokens=sum(u.accepted_tokens for u in usages),
-                 steps=sum(u.steps for u in usages), num_speculative_tokens=usages[0].num_speculative_tokens)
+                 steps=sum(u.steps for u in usages),
+                 num_speculative_tokens=max(u.num_speculative_tokens for u in usages))

@@ -7,7 +7,7 @@ from gateway.request import (GenerationRequest, ReplicaLoad, SentLogprobs, TextC
 from gateway.validation import RequestFields
 
 _OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                    "num_speculative_tokens", "logprobs")
+                    "num_speculative_tokens", "logprobs", "repetition_penalty")
 # logprobs modes: the wire's enum <-> the names validation and the engine use
 _LOGPROBS_MODES = {common_pb2.TOKEN_LOGPROBS_MODE_RAW: "raw", common_pb2.TOKEN_LOGPROBS_MODE_PROCESSED: "processed"}
 _LOGPROBS_MODE_NUMBERS = {name: number for number, name in _LOGPROBS_MODES.items()}
@@ -23,6 +23,9 @@ def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> Reques
         stop=list(message.stop),
         ignore_eos=message.ignore_eos,
         logprobs_mode=_LOGPROBS_MODES.get(message.logprobs_mode, str(message.logprobs_mode)),
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        logit_bias=dict(message.logit_bias) or None,
         **optional,
     )
 
@@ -41,6 +44,11 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
         num_speculative_tokens=request.num_speculative_tokens,
         logprobs=request.logprobs,
         logprobs_mode=_LOGPROBS_MODE_NUMBERS[request.logprobs_mode],
+        output_position_offset=request.output_position_offset,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        logit_bias=dict(request.logit_bias),
     )
     return verifier_pb2.VerifierGenerateRequest(
         request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling,
@@ -66,14 +74,14 @@ def chunk_from_verifier(message: verifier_pb2.VerifierGenerateResponse) -> Verif
                                    tuple((top.token_id, top.logprob) for top in entry.top))
                      for entry in message.logprobs)
     return VerifierChunk(token_ids=tuple(message.token_ids), finish_reason=message.finish_reason,
-                         usage=usage, logprobs=logprobs)
+                         usage=usage, logprobs=logprobs, seed=message.seed if message.HasField("seed") else None)
 
 
 def generate_response(chunk: TextChunk) -> gateway_pb2.GenerateResponse:
     """One message of the Gateway/Generate stream."""
     usage = usage_to_pb(chunk.usage) if chunk.usage is not None else None
     return gateway_pb2.GenerateResponse(text=chunk.text, token_ids=chunk.token_ids,
-                                        finish_reason=chunk.finish_reason, usage=usage,
+                                        finish_reason=chunk.finish_reason, usage=usage, seed=chunk.seed,
                                         logprobs=[_sent_logprobs_to_pb(entry) for entry in chunk.logprobs or ()])
 
 

@@ -87,12 +87,12 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     data = await read_json_object(request, pipeline.max_body_bytes())
     body = parse_body(schema, without_unsupported(data))
     pipeline.check_model(body.model)
+    n, best_of = body.choices()
     headers = request.headers
     generation = await pipeline.validate(body.request_fields(),
                                          tenant_key(headers.get("authorization"), headers.get(TENANT_HEADER)))
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
-    n, best_of = body.choices()
     ranked = best_of > n  # samples are ranked by their logprobs, asked for if the client did not
     sampled = dataclasses.replace(generation, logprobs=generation.logprobs or 0) if ranked else generation
     chunks = interleaved(pipeline, sample_requests(sampled, best_of), deadline)
@@ -103,9 +103,10 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
                                  media_type="text/event-stream")
     choices = await _until_disconnected(request, collect(chunks))
     usage = total_usage([choice.usage for choice in choices])
+    seed = choices[0].seed  # sample 0's: with the same n and best_of it reproduces every sample
     if ranked:
         choices = best(choices, n, keep_logprobs=generation.logprobs is not None)
-    return JSONResponse(writer.full(choices, usage))
+    return JSONResponse(writer.full(choices, usage, seed))
 
 
 async def _events(first: tuple[int, TextChunk], chunks: AsyncIterator[tuple[int, TextChunk]],
@@ -115,7 +116,8 @@ async def _events(first: tuple[int, TextChunk], chunks: AsyncIterator[tuple[int,
         usages = []
         index, chunk = first
         while True:
-            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs, index))
+            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs, index,
+                                             chunk.seed))
             if chunk.finish_reason:
                 usages.append(chunk.usage)
             try:

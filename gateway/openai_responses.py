@@ -48,7 +48,12 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 
 class ResponseWriter:
-    """Builds one request's response objects; `chat` picks chat.completion over text_completion."""
+    """Builds one request's response objects; `chat` picks chat.completion over text_completion.
+
+    Extension field `seed`: the seed the request sampled with (the client's, or the random one drawn for it;
+    choice i of n used seed + i), on the full response and the first streamed chunk of choice 0; null for a
+    greedy request without one. Sending it back as `seed` reproduces the response.
+    """
 
     def __init__(self, model: str, chat: bool) -> None:
         self.chat = chat
@@ -56,6 +61,7 @@ class ResponseWriter:
         self.created = int(time.time())
         self.model = model
         self._sent_role: set[int] = set()  # choices whose first chat delta (with the role) went out
+        self._sent_seed = False  # whether choice 0's first chunk (with the seed) went out
 
     def _envelope(self, object_name: str, choices: list, usage: Usage | None) -> dict[str, Any]:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
@@ -63,29 +69,35 @@ class ResponseWriter:
         body["usage"] = usage_body(usage) if usage is not None else None
         return body
 
-    def full(self, choices: list[Choice], usage: Usage) -> dict[str, Any]:
+    def full(self, choices: list[Choice], usage: Usage, seed: int | None = None) -> dict[str, Any]:
         """The non-streaming response; a choice's logprobs are None where the request did not ask."""
         if self.chat:
             bodies = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                        "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.logprobs)} for c in choices]
-            return self._envelope("chat.completion", bodies, usage)
+            return self._envelope("chat.completion", bodies, usage) | {"seed": seed}
         bodies = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
                    "logprobs": self._logprobs(c.logprobs)} for c in choices]
-        return self._envelope("text_completion", bodies, usage)
+        return self._envelope("text_completion", bodies, usage) | {"seed": seed}
 
     def chunk(self, text: str, finish_reason: str | None, logprobs: list[SentLogprobs] | None = None,
-              index: int = 0) -> dict[str, Any]:
-        """One streamed delta of choice `index` (usage travels in its own final chunk, see usage_chunk)."""
+              index: int = 0, seed: int | None = None) -> dict[str, Any]:
+        """One streamed delta of choice `index` (usage travels in its own final chunk, see usage_chunk); choice
+        0's first one carries the seed."""
         if self.chat:
             delta = {"content": text}
-            if index not in self._sent_role:
+            if index not in self._sent_role:  # each choice's first delta names the role
                 delta["role"] = "assistant"
                 self._sent_role.add(index)
             choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
                       "logprobs": self._logprobs(logprobs)}
-            return self._envelope("chat.completion.chunk", [choice], None)
+            return self._with_seed(self._envelope("chat.completion.chunk", [choice], None), index, seed)
         choice = {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
-        return self._envelope("text_completion", [choice], None)
+        return self._with_seed(self._envelope("text_completion", [choice], None), index, seed)
+
+    def _with_seed(self, body: dict[str, Any], index: int, seed: int | None) -> dict[str, Any]:
+        if index == 0 and not self._sent_seed:
+            body["seed"], self._sent_seed = seed, True
+        return body
 
     def _logprobs(self, entries: list[SentLogprobs] | None) -> dict[str, Any] | None:
         if entries is None:

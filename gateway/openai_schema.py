@@ -5,6 +5,7 @@ know is refused naming it (gateway/openai_unsupported.py says which OpenAI param
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -39,6 +40,10 @@ class _SamplingBody(_Strict):
     ignore_eos: bool | None = None
     num_speculative_tokens: int | None = None  # specd extension: 0 = speculation off
     logprobs_mode: str | None = None  # specd extension: "raw" (default) or "processed"
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # specd extension (as vLLM's): Hugging Face's repetition penalty
+    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
     user: str | None = None  # identifies the end user to OpenAI's abuse monitoring; nothing to do here
 
     def sampling_fields(self) -> dict[str, Any]:
@@ -46,7 +51,9 @@ class _SamplingBody(_Strict):
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
                     ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens,
-                    logprobs_mode=self.logprobs_mode)
+                    logprobs_mode=self.logprobs_mode,
+                    presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                    repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias)
 
     def choices(self) -> tuple[int, int]:
         """(n, best_of): how many choices to return, and how many samples to choose them from."""
@@ -139,6 +146,8 @@ def parse_body(schema: type[_SamplingBody], data: dict) -> _SamplingBody:
 def _param(error: dict) -> str:
     """pydantic's location as OpenAI names a parameter: field names and [indexes], no union tags."""
     loc, param = error["loc"], ""
+    if loc[0] == "logit_bias" and len(loc) == 2:  # a bias of the wrong type, named by its key
+        return f"logit_bias[{json.dumps(loc[1])}]"
     for index, part in enumerate(loc):
         unknown_field = error["type"] == "extra_forbidden" and index == len(loc) - 1
         if isinstance(part, int):

@@ -1,7 +1,7 @@
 """OpenAI parameters that specd does not implement: refused naming them, never silently ignored.
 
 A client may still send one at the value that asks for nothing (`"echo": false`,
-`"presence_penalty": 0`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
+`"suffix": ""`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
 """
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ from gateway.validation import RequestError
 # parameter -> the values that ask for nothing (None, i.e. JSON null, always does)
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "echo": (False,),
-    "logit_bias": ({},),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),  # specd's announced extension, not built yet
     "suffix": ("",),
     "response_format": ({"type": "text"},),
     "tools": ([],),

@@ -86,6 +86,7 @@ class Pipeline:
         logprobs = LogprobsAligner(self.token_texts) if request.logprobs is not None else None
         run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats, logprobs)
         request_id = uuid.uuid4().hex
+        seed_reported = False
         try:
             async with aclosing(self.router.generate(request_id, request, deadline, pin)) as chunks:
                 stats.dispatched()
@@ -95,6 +96,8 @@ class Pipeline:
                         stats.finished(out.finish_reason)
                         self._log(request_id, run, out.finish_reason)
                     if out.finish_reason or out.text or out.token_ids:
+                        if not seed_reported:  # on the first chunk only (a resumed stream reports it again)
+                            out.seed, seed_reported = run.seed, True
                         yield out
                     if out.finish_reason:
                         return
@@ -133,6 +136,7 @@ class _Run:
         self.stop = StopStringMatcher(request.stop)
         self.stats = stats
         self.usage = Usage(len(request.prompt_token_ids), 0, 0, 0, 0)  # the verifier's counts so far
+        self.seed: int | None = None  # as the verifier reported it
         self.text = ""  # everything sent so far (only read when requests are logged)
 
     def step(self, chunk: VerifierChunk) -> TextChunk:
@@ -142,6 +146,7 @@ class _Run:
 
     def _step(self, chunk: VerifierChunk) -> TextChunk:
         self.stats.tokens_arrived(len(chunk.token_ids))
+        self.seed = chunk.seed if chunk.seed is not None else self.seed
         self.usage = chunk.usage or self.usage
         pieces = self.detokenizer.pieces(chunk.token_ids)
         text = self.stop.feed("".join(pieces))

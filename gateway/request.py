@@ -27,6 +27,13 @@ class GenerationRequest:
     tenant_key: str = ""  # who it is for (gateway/tenant.py): the drafter's per-key memory scope
     logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
     logprobs_mode: str = "raw"  # "raw" (the model's distribution) or "processed" (the one sampled from)
+    # Generated tokens the prompt ends with: set only when a stream is resumed on another verifier
+    # (gateway/resume.py), never by a client.
+    output_position_offset: int = 0
+    presence_penalty: float = 0.0  # 0 = off
+    frequency_penalty: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
 
 
 @dataclass
@@ -62,6 +69,7 @@ class VerifierChunk:
     finish_reason: str = ""  # "" until the last message
     usage: Usage | None = None  # on the last message only
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token when the request asked for logprobs
+    seed: int | None = None  # the seed the request samples with, on the first message (None: greedy, unseeded)
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ class TextChunk:
     finish_reason: str = ""
     usage: Usage | None = None
     logprobs: list[SentLogprobs] | None = None  # the tokens whose text this chunk sends; None: not asked
+    seed: int | None = None  # on the first message: the seed that reproduces the text (None: greedy, unseeded)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 The gateway remembers the tokens a stream has emitted. If its verifier fails (UNAVAILABLE, e.g. the
 process died), the request is sent to another replica with the prompt plus those tokens as its
-prompt and the remaining max_tokens, and the stream goes on from there. For greedy decoding the
-output is identical to an uninterrupted run; for sampling every token is still drawn from the
-target distribution given the ones before it, though a seeded request's later tokens differ from
-what the same seed gives uninterrupted. Usage is merged so the client sees one request's counts.
+prompt and the remaining max_tokens, and the stream goes on from there. The resumed request keeps the
+seed the first verifier reported (its own, or the one drawn for it) and says how many of its prompt's
+tokens were generated (output_position_offset), so sampling goes on at the same output positions with
+the same keyed randomness: the output is identical to an uninterrupted run, sampled or greedy. Usage is
+merged so the client sees one request's counts.
 """
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ class StreamProgress:
     accepted_tokens: int = 0
     carried: Usage = field(default_factory=Usage)  # counts of earlier attempts (all zero before a resume)
     last_usage: Usage | None = None  # the latest counts sent (merged), exact where verifiers send them
+    seed: int | None = None  # the seed the verifier reported: the resumed request samples with it too
 
     def record(self, chunk: VerifierChunk) -> VerifierChunk:
         """Notes the chunk's tokens; returns it with usage merged over every attempt."""
+        if chunk.seed is not None:
+            self.seed = chunk.seed
         if chunk.token_ids:
             self.emitted += chunk.token_ids
             self.steps += 1
@@ -61,4 +65,6 @@ class StreamProgress:
             self.carried = Usage(completion_tokens=len(self.emitted), draft_tokens=self.accepted_tokens,
                                  accepted_tokens=self.accepted_tokens, steps=self.steps)
         return dataclasses.replace(self.request, max_tokens=remaining,
-                                   prompt_token_ids=self.request.prompt_token_ids + tuple(self.emitted))
+                                   prompt_token_ids=self.request.prompt_token_ids + tuple(self.emitted),
+                                   seed=self.request.seed if self.seed is None else self.seed,
+                                   output_position_offset=len(self.emitted))

@@ -5,6 +5,7 @@ Each error names the field, so gRPC answers INVALID_ARGUMENT "field: why" and HT
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -40,6 +41,10 @@ class RequestFields:
     num_speculative_tokens: int | None = None
     logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
     logprobs_mode: str | None = None  # "raw" (None) or "processed"
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | dict[int, float] | None = None  # JSON's keys are strings, gRPC's ints
     default_max_tokens: int | None = None  # max_tokens when not given; None = the room left in the context
     # What the client called a field where its name differs from ours (HTTP sends token ids as `prompt`,
     # and `max_completion_tokens` for max_tokens): errors name the field the client sent.
@@ -52,6 +57,7 @@ class RequestFields:
 INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
 MAX_LOGPROBS = 20  # most likely tokens per position a request may ask for (the verifier's limit too)
 LOGPROBS_MODES = ("raw", "processed")
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap (the verifier's is the same)
 
 
 def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> GenerationRequest:
@@ -80,6 +86,10 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
         num_speculative_tokens=_num_speculative_tokens(fields.num_speculative_tokens),
         logprobs=_logprobs(fields.logprobs, fields.name("logprobs")),
         logprobs_mode=_logprobs_mode(fields.logprobs_mode),
+        presence_penalty=_penalty(fields.presence_penalty, "presence_penalty"),
+        frequency_penalty=_penalty(fields.frequency_penalty, "frequency_penalty"),
+        repetition_penalty=_repetition_penalty(fields.repetition_penalty),
+        logit_bias=_logit_bias(fields.logit_bias, tokenizer.vocab_size),
     )
 
 
@@ -226,3 +236,46 @@ def _logprobs_mode(value: str | None) -> str:
         return "raw"
     _require(value in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {value[:40]!r}")
     return value
+
+
+def _penalty(value: float | None, field_name: str) -> float:
+    if value is None:
+        return 0.0
+    rounded = _float32(value, field_name)
+    _require(-2.0 <= rounded <= 2.0, field_name, f"must be in [-2, 2], got {value}")
+    return rounded
+
+
+def _repetition_penalty(value: float | None) -> float:
+    if value is None:
+        return 1.0
+    rounded = _float32(value, "repetition_penalty")  # 1e-46 is > 0 but rounds to 0, which divides by zero
+    _require(rounded > 0.0, "repetition_penalty", f"must be > 0 as a 32-bit float (1 = off), got {value}")
+    return rounded
+
+
+def _logit_bias(value: dict | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """(token id, bias) pairs; an error names the entry as the client wrote it: logit_bias["50256"] over
+    HTTP (JSON keys are strings), logit_bias[50256] over gRPC."""
+    if not value:
+        return ()
+    _require(len(value) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
+             f"has {len(value)} entries, more than the {MAX_LOGIT_BIAS_ENTRIES} allowed")
+    entries = {}
+    for key, bias in value.items():
+        token = _token_id(key)
+        _require(token is not None, "logit_bias", f"keys must be token ids, got {json.dumps(key)[:40]}")
+        name = f"logit_bias[{json.dumps(key)}]"
+        _require(0 <= token < vocab_size, name, f"token id outside the vocabulary [0, {vocab_size})")
+        _require(token not in entries, name, "names a token id given by another key too")
+        rounded = _float32(bias, name)
+        _require(-100.0 <= rounded <= 100.0, name, f"must be in [-100, 100], got {bias}")
+        entries[token] = rounded
+    return tuple(sorted(entries.items()))
+
+
+def _token_id(key: str | int) -> int | None:
+    """A JSON key's token id ("50256": ASCII digits, not "+5" or " 5"), or a gRPC key as it is."""
+    if isinstance(key, int):
+        return key
+    return int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else None

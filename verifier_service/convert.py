@@ -39,15 +39,18 @@ def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
     if len(request.tenant_key.encode()) > MAX_TENANT_KEY_BYTES:
         raise InvalidParameter("tenant_key", f"must be at most {MAX_TENANT_KEY_BYTES} bytes")
     params = sampling_from_proto(request.sampling, len(prompt), limits)
+    if params.output_position_offset >= len(prompt):
+        raise InvalidParameter("output_position_offset", f"must be less than the prompt's {len(prompt)} tokens "
+                                                         "(it counts the generated tokens the prompt ends with)")
     return request.request_id, prompt, replace(params, tenant_key=request.tenant_key)
 
 
 def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
                         limits: ModelLimits) -> SamplingParams:
-    """Proto fields mapped to the engine's: unset max_tokens = up to the context length, unset top_p = 1
-    (off). A value that is set is checked as sent: 0 is never read as "unset"."""
+    """Proto fields mapped to the engine's: unset max_tokens = up to the context length, unset top_p and
+    repetition_penalty = 1 (off). A value that is set is checked as sent: 0 is never read as "unset"."""
     room = limits.max_model_len - prompt_len
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=min(sampling.max_tokens, room) if sampling.HasField("max_tokens") else room,
         temperature=sampling.temperature,
         top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
@@ -60,15 +63,24 @@ def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
                                 if sampling.HasField("num_speculative_tokens") else None),
         logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
         logprobs_mode=_LOGPROBS_MODES.get(sampling.logprobs_mode, str(sampling.logprobs_mode)),
+        output_position_offset=sampling.output_position_offset,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty if sampling.HasField("repetition_penalty") else 1.0,
+        logit_bias=dict(sampling.logit_bias),
     )
+    params.check_vocabulary(limits.vocab_size)
+    return params
 
 
-def output_to_proto(output: RequestOutput) -> verifier_pb2.VerifierGenerateResponse:
-    """One step's tokens and the usage so far; the finish reason only on the last message."""
+def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.VerifierGenerateResponse:
+    """One step's tokens and the usage so far; the seed on the first message, the finish reason on the last."""
     response = verifier_pb2.VerifierGenerateResponse(token_ids=output.new_token_ids,
                                                      usage=usage_to_proto(output.usage))
     if output.logprobs is not None:
         response.logprobs.extend(token_logprobs_to_proto(entry) for entry in output.logprobs)
+    if first and output.seed is not None:
+        response.seed = output.seed
     if output.finished:
         response.finish_reason = output.finish_reason.value
     return response

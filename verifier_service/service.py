@@ -34,7 +34,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             queue = self._engine_loop.add(request_id, prompt_token_ids, params)
         except DuplicateRequestId as error:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(error))
-        finished = False
+        finished, first = False, True
         try:
             while not finished:
                 output = await queue.get()
@@ -42,7 +42,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                     finished = True  # the engine already dropped the request
                     raise output
                 finished = output.finished
-                yield output_to_proto(output)
+                yield output_to_proto(output, first)
+                first = False
         finally:
             if not finished:  # cancelled, deadline passed, or the server is stopping
                 self._engine_loop.abort(request_id)

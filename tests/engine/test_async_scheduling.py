@@ -126,8 +126,7 @@ def test_prefix_cache_hits_with_overlapped_steps(references):
 
 
 def test_seeded_sampling_is_the_same_with_and_without_overlap():
-    """The same forwards and draws in the same order. (With drafts a seeded sample may differ: which steps
-    draft changes by a step at the draft-limit boundary, and drafts consume draws.)"""
+    """The same forwards in the same order, each position keyed alike (with drafts too: test_seeded_sampling)."""
     def sample(async_scheduling: bool) -> dict[str, list[int]]:
         engine = make_engine(async_scheduling=async_scheduling)
         for i, prompt in enumerate(PROMPTS.values()):

@@ -84,6 +84,22 @@ def test_processed_logprobs_of_a_greedy_request_are_its_unfiltered_distribution(
     assert [value for _, value in entry.top] == ROWS[0].log_softmax(dim=-1).topk(3).values.tolist()
 
 
+def test_raw_logprobs_are_taken_before_the_logit_bias_that_chose_the_token():
+    params = SamplingParams(logprobs=2, logit_bias={3: 10.0})  # greedy: the bias makes token 3 the argmax
+    (entry,) = verify_one_each([params], drafts=[]).logprobs[0]
+    raw = ROWS[0].log_softmax(dim=-1)
+    assert entry.token_id == 3 and entry.logprob == raw[3].item()
+    assert entry.top == ((0, raw[0].item()), (1, raw[1].item()))
+
+
+def test_processed_logprobs_include_the_logit_bias():
+    params = SamplingParams(logprobs=2, logprobs_mode="processed", logit_bias={3: 10.0})
+    (entry,) = verify_one_each([params], drafts=[]).logprobs[0]
+    processed = (ROWS[0] + torch.tensor([0.0, 0.0, 0.0, 10.0, 0.0, 0.0])).log_softmax(dim=-1)
+    assert entry.token_id == 3 and entry.logprob == pytest.approx(processed[3].item())
+    assert [token for token, _ in entry.top] == [3, 0]
+
+
 @pytest.mark.parametrize("params, field", [
     (dict(logprobs=21), "logprobs"), (dict(logprobs=-1), "logprobs"), (dict(logprobs_mode="sampled"), "logprobs_mode"),
 ])

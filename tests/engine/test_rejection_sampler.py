@@ -1,4 +1,6 @@
-"""Rejection sampling keeps the target distribution exactly (chi-square), and greedy keeps the argmax."""
+"""Rejection sampling keeps the target distribution exactly (chi-square), and emits the tokens decoding
+without drafts would (each position's keyed sample); greedy keeps the argmax."""
+import dataclasses
 import math
 
 import numpy as np
@@ -39,13 +41,13 @@ def reference_distribution(logits: list[float], params: SamplingParams) -> np.nd
     return probs / probs.sum()
 
 
-def run_batch(params: SamplingParams, drafts: list[int], num_requests: int, seed: int = 0):
-    """num_requests identical requests with the same drafts and target rows, verified in one batch."""
-    torch.manual_seed(seed)
-    requests = [Request(f"r{i}", [0], params, i) for i in range(num_requests)]
-    batch = ScheduledBatch([ScheduledRequest(r.request_id, [0] + drafts, 1, [0], len(drafts), len(drafts) + 1)
-                            for r in requests])
-    logits = ROWS[:len(drafts) + 1].repeat(num_requests, 1)  # [num_requests * (drafts + 1), vocab]
+def run_batch(params: SamplingParams, drafts: list[int], seeds, first_position: int = 0):
+    """One request per seed, with the same drafts and target rows, verified in one batch; its first row picks
+    output position first_position (its prompt is one token, the drafts follow its last output)."""
+    requests = [Request(f"r{i}", [0], dataclasses.replace(params, seed=seed), i) for i, seed in enumerate(seeds)]
+    batch = ScheduledBatch([ScheduledRequest(r.request_id, [0] + drafts, first_position, [0], len(drafts),
+                                             len(drafts) + 1) for r in requests])
+    logits = ROWS[:len(drafts) + 1].repeat(len(requests), 1)  # [num_requests * (drafts + 1), vocab]
     return verify(logits, SamplingMetadata.build(batch, requests, torch.device("cpu")))
 
 
@@ -66,7 +68,7 @@ def assert_distributed_as(samples: list[int], expected: np.ndarray) -> None:
 ], ids=["plain", "top_k", "top_p", "min_p", "all"])
 @pytest.mark.parametrize("drafts", [[0, 2], [1, 5]], ids=["likely", "unlikely"])
 def test_sampling_with_drafts_yields_the_target_distribution(params, drafts):
-    verified = run_batch(params, drafts, num_requests=20_000)
+    verified = run_batch(params, drafts, seeds=range(20_000))
     targets = [reference_distribution(row.tolist(), params) for row in ROWS]
     tokens = verified.token_ids
     assert_distributed_as([t[0] for t in tokens], targets[0])
@@ -82,15 +84,53 @@ def test_sampling_with_drafts_yields_the_target_distribution(params, drafts):
 
 def test_greedy_accepts_while_the_draft_is_the_argmax():
     params = SamplingParams(temperature=0.0)
-    assert run_batch(params, [0, 2], 1).token_ids == [[0, 2, 0]]  # all accepted, bonus = argmax of row 2
-    assert run_batch(params, [0, 3], 1).token_ids == [[0, 2]]  # second rejected, replaced by its argmax
-    assert run_batch(params, [4, 2], 1).token_ids == [[0]]
-    assert run_batch(params, [4, 2], 1).num_accepted == [0]
+    assert run_batch(params, [0, 2], [None]).token_ids == [[0, 2, 0]]  # all accepted, bonus = argmax of row 2
+    assert run_batch(params, [0, 3], [None]).token_ids == [[0, 2]]  # second rejected, replaced by its argmax
+    assert run_batch(params, [4, 2], [None]).token_ids == [[0]]
+    assert run_batch(params, [4, 2], [None]).num_accepted == [0]
 
 
 def test_same_seed_same_tokens_whatever_the_global_random_state():
-    params = SamplingParams(temperature=1.0, seed=1234)
-    first = run_batch(params, [1, 5], 50, seed=0).token_ids
-    again = run_batch(params, [1, 5], 50, seed=99).token_ids
+    params = SamplingParams(temperature=1.0)
+    torch.manual_seed(0)
+    first = run_batch(params, [1, 5], [1234] * 50).token_ids
+    torch.manual_seed(99)
+    again = run_batch(params, [1, 5], [1234] * 50).token_ids
     assert first == again
-    assert len({tuple(t) for t in first}) == 1  # every request has the same seed, so the same draws
+    assert len({tuple(t) for t in first}) == 1  # every request has the same seed, so the same noise
+    assert len({tuple(t) for t in run_batch(params, [1, 5], range(50)).token_ids}) > 1
+
+
+def sample_one_position(params: SamplingParams, seeds, row: torch.Tensor, positions) -> list[int]:
+    """Decoding without drafts: per request (one per seed), the token picked from row [vocab] at its position."""
+    requests = [Request(f"r{i}", [0], dataclasses.replace(params, seed=seed), i) for i, seed in enumerate(seeds)]
+    batch = ScheduledBatch([ScheduledRequest(r.request_id, [0], position, [0], 0, 1)
+                            for r, position in zip(requests, positions)])
+    verified = verify(row.repeat(len(requests), 1), SamplingMetadata.build(batch, requests, torch.device("cpu")))
+    return [tokens[0] for tokens in verified.token_ids]
+
+
+def test_one_seed_samples_the_target_distribution_over_output_positions():
+    """The noise of consecutive positions is independent: one seed's tokens over 20,000 positions are draws
+    from the target too."""
+    params = SamplingParams(temperature=1.0)
+    samples = sample_one_position(params, [7] * 20_000, ROWS[0], range(20_000))
+    assert_distributed_as(samples, reference_distribution(ROWS[0].tolist(), params))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3),
+                                    SamplingParams(temperature=1.3, top_p=0.8)], ids=["plain", "top_k", "top_p"])
+@pytest.mark.parametrize("drafts", [[0, 2], [1, 5], [2, 2], [0, 0]])
+def test_drafts_are_accepted_exactly_when_they_equal_what_decoding_without_them_emits(params, drafts):
+    """Each row's token is its position's keyed sample: verifying drafts emits the tokens that decoding one
+    position at a time (no drafts, the same target rows) emits, for every seed."""
+    seeds, position = range(500), 40
+    plain = [sample_one_position(params, seeds, ROWS[j], [position + j] * len(seeds)) for j in range(len(ROWS))]
+    speculated = run_batch(params, drafts, seeds, first_position=position)
+    for i, (emitted, accepted) in enumerate(zip(speculated.token_ids, speculated.num_accepted)):
+        expected = []
+        for j in range(len(drafts) + 1):
+            expected.append(plain[j][i])
+            if j == len(drafts) or expected[-1] != drafts[j]:
+                break  # the first draft that differs is replaced by the plain token; a bonus token ends it
+        assert emitted == expected and accepted == len(expected) - 1

@@ -43,6 +43,23 @@ async def test_the_verifier_gets_the_tokenized_prompt_and_sampling(stub, stack):
     assert (sampling.max_tokens, sampling.top_k, sampling.seed) == (4, 3, 9)
     assert sampling.temperature == pytest.approx(0.5) and list(sampling.stop_token_ids) == [2]
     assert sampling.HasField("num_speculative_tokens") and sampling.num_speculative_tokens == 0
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.0, 0.0) and not sampling.logit_bias
+
+
+async def test_penalties_and_logit_bias_reach_the_verifier(stub, stack):
+    await generate(stub, prompt_token_ids=[5, 6, 7], max_tokens=4, presence_penalty=-0.5, frequency_penalty=1.5,
+                   repetition_penalty=1.25, logit_bias={9: -100.0, 11: 3.5})
+    sampling = stack.verifier.requests[-1].sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (-0.5, 1.5, 1.25)
+    assert dict(sampling.logit_bias) == {9: -100.0, 11: 3.5}
+
+
+async def test_the_first_message_reports_the_seed_the_request_samples_with(stub, stack):
+    messages = await generate(stub, prompt="x")  # temperature unset: 1, sampled; no seed: the verifier draws one
+    assert messages[0].seed == stack.verifier.drawn_seed and len(messages) > 1
+    assert not any(m.HasField("seed") for m in messages[1:])
+    assert (await generate(stub, prompt="x", seed=5))[0].seed == 5
+    assert not (await generate(stub, prompt="x", temperature=0))[0].HasField("seed")
 
 
 async def test_max_tokens_ends_with_length(stub):
@@ -68,6 +85,11 @@ async def test_a_stop_string_ends_the_stream_without_returning_it(stub, stack):
     ({"prompt": "x", "top_p": 2}, "top_p"),
     ({"prompt_token_ids": [99999]}, "prompt_token_ids"),
     ({"prompt": "x", "num_speculative_tokens": -1}, "num_speculative_tokens"),
+    ({"prompt": "x", "presence_penalty": -2.5}, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),  # sent: not read as unset (off)
+    ({"prompt": "x", "logit_bias": {49152: 1.0}}, "logit_bias[49152]"),
+    ({"prompt": "x", "logit_bias": {-1: 1.0}}, "logit_bias[-1]"),
+    ({"prompt": "x", "logit_bias": {5: -100.5}}, "logit_bias[5]"),
 ])
 async def test_bad_input_is_invalid_argument_naming_the_field(stub, fields, field):
     with pytest.raises(grpc.aio.AioRpcError) as error:

@@ -86,6 +86,33 @@ async def test_num_speculative_tokens_and_sampling_fields_reach_the_verifier(cli
     assert sent.sampling.temperature == 0 and sent.sampling.num_speculative_tokens == 0
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+], ids=["completion", "chat"])
+async def test_responses_report_the_seed_the_request_sampled_with(client, stack, path, body):
+    """Extension field `seed`: the verifier's random one for a sampled request without one (sending it back
+    reproduces the text), the client's own when given, null for greedy; in a stream, on the first chunk."""
+    body = {"model": "default", **body}
+    assert (await client.post(path, json=body)).json()["seed"] == stack.verifier.drawn_seed
+    assert (await client.post(path, json=body | {"seed": 11})).json()["seed"] == 11
+    assert (await client.post(path, json=body | {"temperature": 0})).json()["seed"] is None
+    chunks = sse_events((await client.post(path, json=body | {"seed": 12, "stream": True})).text)[:-1]
+    assert chunks[0]["seed"] == 12 and len(chunks) > 1 and all("seed" not in c for c in chunks[1:])
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_penalties_and_logit_bias_reach_the_verifier(client, stack, path):
+    prompt = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    response = await client.post(path, json={
+        "model": "default", **prompt, "max_tokens": 3, "presence_penalty": 0.5, "frequency_penalty": -1,
+        "repetition_penalty": 1.25, "logit_bias": {"50": 100, "7": -100}})
+    assert response.status_code == 200, response.text
+    sampling = stack.verifier.requests[-1].sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (0.5, -1.0, 1.25)
+    assert dict(sampling.logit_bias) == {50: 100.0, 7: -100.0}
+
+
 BAD_BODIES = [
     ({"model": "gpt-4", "prompt": "x"}, "model"),
     ({"model": "default", "prompt": "x", "temperature": -1}, "temperature"),
@@ -98,7 +125,16 @@ BAD_BODIES = [
     ({"model": "default", "prompt": "x", "temperature": "hot"}, "temperature"),
     ({"model": "default"}, "prompt"),
     ({"model": "default", "prompt": "x", "n": 0}, "n"),
+    ({"model": "default", "prompt": "x", "n": 129}, "n"),
     ({"model": "default", "prompt": "x", "num_speculative_tokens": -1}, "num_speculative_tokens"),
+    ({"model": "default", "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "default", "prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
+    ({"model": "default", "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": "default", "prompt": "x", "logit_bias": {"50256000": 5}}, 'logit_bias["50256000"]'),
+    ({"model": "default", "prompt": "x", "logit_bias": {"5": 101}}, 'logit_bias["5"]'),
+    ({"model": "default", "prompt": "x", "logit_bias": {"5": "up"}}, 'logit_bias["5"]'),
+    ({"model": "default", "prompt": "x", "logit_bias": {"the": 5}}, "logit_bias"),
+    ({"model": "default", "prompt": "x", "logit_bias": [5]}, "logit_bias"),
 ]
 
 

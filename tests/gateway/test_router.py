@@ -125,6 +125,24 @@ async def test_a_failure_after_the_first_token_resumes_on_another_replica(router
     assert usage.completion_tokens == len(first.token_ids) + len(TOKENS)
 
 
+async def test_a_resumed_stream_keeps_the_reported_seed_and_its_output_positions(router, replicas):
+    """So that a seeded (or randomly seeded) sampled stream goes on exactly as it would have (engine side:
+    tests/engine/test_seeded_sampling.py)."""
+    replicas[1].reported_running = 3  # the first call goes to replicas[0]
+    await router.poll()
+    replicas[0].hold_after_steps, replicas[0].drawn_seed = 2, 777
+    async with aclosing(router.generate("req", REQUEST)) as chunks:
+        first = [await anext(chunks), await anext(chunks)]
+        await replicas[0].stop()
+        rest = [chunk async for chunk in chunks]
+    sent = replicas[0].requests[0].sampling
+    assert not sent.HasField("seed") and sent.output_position_offset == 0
+    resumed = replicas[1].requests[0].sampling
+    assert resumed.seed == first[0].seed == 777
+    assert resumed.output_position_offset == sum(len(chunk.token_ids) for chunk in first) == 4
+    assert rest[0].seed == 777  # the new replica reports the same seed
+
+
 async def test_a_failure_after_the_first_token_with_no_replica_left_is_unavailable(router, replicas):
     await replicas[1].stop()
     await router.poll()

@@ -31,6 +31,19 @@ BAD_FIELDS = [
     ({"prompt": "hi", "stop": [""]}, "stop"),
     ({"prompt": "hi", "num_speculative_tokens": -1}, "num_speculative_tokens"),
     ({"messages": []}, "messages"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "hi", "frequency_penalty": float("inf")}, "frequency_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 1e-46}, "repetition_penalty"),  # 0 as a 32-bit float
+    ({"prompt": "hi", "logit_bias": {"49152": 1}}, 'logit_bias["49152"]'),
+    ({"prompt": "hi", "logit_bias": {"5": 100.5}}, 'logit_bias["5"]'),
+    ({"prompt": "hi", "logit_bias": {"5": float("nan")}}, 'logit_bias["5"]'),
+    ({"prompt": "hi", "logit_bias": {"5": 1, "05": 2}}, 'logit_bias["05"]'),
+    ({"prompt": "hi", "logit_bias": {" 5": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"-5": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {str(t): 1 for t in range(301)}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {49152: 1}}, "logit_bias[49152]"),  # gRPC's keys are ints
 ]
 
 
@@ -133,3 +146,13 @@ def test_an_unknown_model_error_names_the_served_model_not_its_path(tokenizer):
     with pytest.raises(RequestError) as error:
         validate_model_name("gpt-4", served)
     assert "SmolLM2-135M-Instruct" in error.value.message and "/" not in error.value.message
+
+
+def test_penalties_default_to_off_and_logit_bias_keys_become_token_ids(tokenizer):
+    request = check(tokenizer, prompt="hi")
+    assert (request.presence_penalty, request.frequency_penalty, request.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert request.logit_bias == ()
+    request = check(tokenizer, prompt="hi", presence_penalty=-2, frequency_penalty=0.1, repetition_penalty=1.3,
+                    logit_bias={"50": 100, "7": -100, "1": 0.1})
+    assert (request.presence_penalty, request.repetition_penalty) == (-2.0, pytest.approx(1.3))
+    assert request.logit_bias == ((1, pytest.approx(0.1)), (7, -100.0), (50, 100.0))

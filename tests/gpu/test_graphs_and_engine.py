@@ -242,3 +242,42 @@ def test_async_scheduling_gives_the_synchronous_output_token_for_token(checkpoin
     synchronous, overlapped = outputs(False), outputs(True)
     assert overlapped == synchronous
     assert len(synchronous["stops"]) <= 13 and synchronous["stops"][-1] == stop
+
+
+
+def test_penalties_and_bias_overlapped_give_the_synchronous_output_with_one_sync_per_step(checkpoint):
+    """Requests with penalties or a logit bias take the eager verdict (not the graph's greedy one) on logits
+    from graph replays; under async scheduling the token in flight is counted on the device: the output is the
+    synchronous one token for token, and a step still syncs with the host at most once."""
+    from verifier_service.engine.sampling_params import SamplingParams
+
+    requests = {  # request id -> (prompt, params); "plain" shares "penalized"'s prompt
+        "penalized": (PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True, repetition_penalty=1.3,
+                                                 frequency_penalty=0.5, presence_penalty=0.3)),
+        "biased": (PROMPTS[1], SamplingParams(max_tokens=40, ignore_eos=True, logit_bias={5: 3.0, 7: -100.0})),
+        "seeded": (PROMPTS[2][:50], SamplingParams(max_tokens=33, temperature=0.8, seed=3, ignore_eos=True,
+                                                   frequency_penalty=1.0)),
+        "plain": (PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True)),
+    }
+
+    def started(async_scheduling: bool):
+        engine = engine_for(checkpoint, None, async_scheduling=async_scheduling)
+        assert engine.runner.graphs is not None
+        for rid, (prompt, params) in requests.items():
+            engine.add_request(rid, prompt, params)
+        return engine
+
+    def outputs(async_scheduling: bool) -> dict[str, list[int]]:
+        engine = started(async_scheduling)
+        result = run(engine)
+        assert (sum(step.scheduled_ahead for step in engine.take_step_stats()) > 0) is async_scheduling
+        return result
+
+    synchronous = outputs(False)
+    assert outputs(True) == synchronous
+    assert synchronous["penalized"] != synchronous["plain"]  # else the penalties did nothing here
+    engine = started(True)
+    engine.step()  # the prefill
+    counts = host_syncs_per_step(engine)
+    print("host syncs per step:", counts)
+    assert counts and max(counts) <= 1, counts

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from support.small_stack import CONTEXT, VOCAB_SIZE as VOCAB
-from specd.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from specd.v1 import common_pb2, gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from support.e2e_clients import generate
 
 LONG_PROMPT = "word " * (CONTEXT + 10)
@@ -31,6 +31,8 @@ GRPC_CASES = [
     (dict(prompt="Hi", prompt_token_ids=[1, 2]), "prompt"),
     (dict(prompt="Hi", num_speculative_tokens=-1), "num_speculative_tokens"),
     (dict(prompt="Hi", stop=[""]), "stop"),
+    (dict(prompt="Hi", presence_penalty=3.0), "presence_penalty"),
+    (dict(prompt="Hi", logit_bias={VOCAB: 1.0}), f"logit_bias[{VOCAB}]"),
 ]
 
 # (JSON body of /v1/completions, the `param` the 400 must name)
@@ -49,6 +51,8 @@ HTTP_CASES = [
     ({"model": "default", "prompt": "Hi", "max_tokens": "many"}, "max_tokens"),
     ({"model": "gpt-5", "prompt": "Hi"}, "model"),
     ({"prompt": "Hi"}, "model"),
+    ({"model": "default", "prompt": "Hi", "frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"model": "default", "prompt": "Hi", "logit_bias": {str(VOCAB): 1}}, f'logit_bias["{VOCAB}"]'),
 ]
 
 
@@ -104,6 +108,18 @@ def test_verifier_refuses_token_ids_outside_the_vocabulary(small_stack, bystande
     assert caught.value.details().startswith("prompt_token_ids:")
 
 
+@pytest.mark.parametrize("sampling, field", [({"logit_bias": {VOCAB: 1.0}}, f"logit_bias[{VOCAB}]"),
+                                             ({"repetition_penalty": 0.0}, "repetition_penalty")])
+def test_verifier_refuses_bad_penalties_itself(small_stack, bystander, sampling, field):
+    request = verifier_pb2.VerifierGenerateRequest(request_id="bad-penalty", prompt_token_ids=[3, 4],
+                                                   sampling=common_pb2.SamplingParams(**sampling))
+    with grpc.insecure_channel(small_stack.verifier_addresses[0]) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(verifier_pb2_grpc.VerifierStub(channel).Generate(request, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"{field}:")
+
+
 def test_verifier_refuses_an_oversized_tenant_key(small_stack, bystander):
     request = verifier_pb2.VerifierGenerateRequest(request_id="bad-tenant", prompt_token_ids=[3, 4], tenant_key="k" * 129)
     with grpc.insecure_channel(small_stack.verifier_addresses[0]) as channel:
@@ -111,6 +127,17 @@ def test_verifier_refuses_an_oversized_tenant_key(small_stack, bystander):
             list(verifier_pb2_grpc.VerifierStub(channel).Generate(request, timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("tenant_key:")
+
+
+def test_verifier_refuses_an_output_position_offset_beyond_the_prompts_generated_tokens(small_stack, bystander):
+    """output_position_offset counts generated tokens at the end of the prompt, so it is less than its length."""
+    request = verifier_pb2.VerifierGenerateRequest(request_id="bad-offset", prompt_token_ids=[3, 4],
+                                                   sampling=common_pb2.SamplingParams(output_position_offset=2))
+    with grpc.insecure_channel(small_stack.verifier_addresses[0]) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(verifier_pb2_grpc.VerifierStub(channel).Generate(request, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("output_position_offset:")
 
 
 @pytest.mark.parametrize("body, param", HTTP_CASES, ids=[p for _, p in HTTP_CASES])

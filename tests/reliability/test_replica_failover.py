@@ -1,8 +1,8 @@
 """Faults behind the gateway: a verifier replica killed mid-run, and the gateway itself restarted.
 
 A replica's death costs no request while another replica serves: requests without a token move to
-it, and streams already producing tokens resume there (prompt + emitted tokens), so greedy output is
-identical to an uninterrupted run (gateway/resume.py).
+it, and streams already producing tokens resume there (prompt + emitted tokens, with the seed and the output
+positions so far), so greedy and seeded sampled output is identical to an uninterrupted run (gateway/resume.py).
 """
 import re
 import threading
@@ -34,8 +34,21 @@ def expected(stack) -> dict[str, list[int]]:
     return {p: r.token_ids for p, r in zip(PROMPTS, results)}
 
 
-def stream(address: str, prompt: str, first_token: threading.Event) -> list[int]:
-    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+SAMPLED = dict(temperature=1.0, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def expected_sampled(stack) -> dict[str, list[int]]:
+    """Seeded sampled streams, uninterrupted (their tokens do not depend on the batch: keyed sampling)."""
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = pool.map(lambda i: stream(stack.gateway_address, PROMPTS[i], threading.Event(), seed=i, **SAMPLED),
+                           range(len(PROMPTS)))
+    return dict(zip(PROMPTS, results))
+
+
+def stream(address: str, prompt: str, first_token: threading.Event, **sampling) -> list[int]:
+    sampling = {"temperature": 0.0, **sampling}
+    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling)
     token_ids = []
     with grpc.insecure_channel(address) as channel:
         for response in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120):
@@ -44,11 +57,13 @@ def stream(address: str, prompt: str, first_token: threading.Event) -> list[int]
     return token_ids
 
 
-def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stack, expected):
-    started = [threading.Event() for _ in PROMPTS]
+def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stack, expected, expected_sampled):
+    started = [threading.Event() for _ in PROMPTS + list(expected_sampled)]
     try:
-        with ThreadPoolExecutor(len(PROMPTS) + 2) as pool:
+        with ThreadPoolExecutor(len(started) + 2) as pool:
             streams = [pool.submit(stream, stack.gateway_address, p, e) for p, e in zip(PROMPTS, started)]
+            sampled = [pool.submit(stream, stack.gateway_address, p, e, seed=i, **SAMPLED)
+                       for i, (p, e) in enumerate(zip(expected_sampled, started[len(PROMPTS):]))]
             for event in started:
                 assert event.wait(60), "a stream produced no token"
             assert load_report(stack.verifier_addresses[0]).num_running > 0, "verifier-0 serves no stream"
@@ -57,8 +72,10 @@ def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stac
             late = [pool.submit(generate, stack.gateway_address, p, MAX_TOKENS, ignore_eos=True)
                     for p in PROMPTS[:2]]
             results = [f.result() for f in streams]
+            sampled_results = [f.result() for f in sampled]
             late_results = [f.result().token_ids for f in late]
         assert results == [expected[p] for p in PROMPTS]
+        assert sampled_results == list(expected_sampled.values())
         assert late_results == [expected[p] for p in PROMPTS[:2]]
         resumed_after = [int(n) for n in re.findall(r"after (\d+) tokens; resuming",
                                                     stack.services["gateway"].log_path.read_text())]

@@ -35,7 +35,8 @@ def _load(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def _generate(model_dir: Path, prompt: list[int], max_new_tokens: int, ignore_eos: bool) -> list[int]:
+def _generate(model_dir: Path, prompt: list[int], max_new_tokens: int, ignore_eos: bool,
+              repetition_penalty: float | None) -> list[int]:
     import torch
 
     model = _load(str(model_dir))
@@ -47,23 +48,25 @@ def _generate(model_dir: Path, prompt: list[int], max_new_tokens: int, ignore_eo
         # An explicit mask: generate() would otherwise mask every prompt token equal to pad_token_id.
         output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
                                 eos_token_id=None if ignore_eos else eos, pad_token_id=pad,
-                                temperature=None, top_p=None, top_k=None)
+                                temperature=None, top_p=None, top_k=None, repetition_penalty=repetition_penalty)
     return output[0, len(prompt):].tolist()
 
 
 def hf_greedy(model_dir: str | Path, prompts_token_ids: list[list[int]], max_new_tokens: int,
-              ignore_eos: bool = False) -> list[list[int]]:
-    """Greedy continuations (new tokens only; a final EOS included unless ignore_eos) of each prompt."""
+              ignore_eos: bool = False, repetition_penalty: float | None = None) -> list[list[int]]:
+    """Greedy continuations (new tokens only; a final EOS included unless ignore_eos) of each prompt, with
+    transformers' repetition penalty when given."""
     model_dir = Path(model_dir)
     fingerprint = _model_fingerprint(model_dir)
     results = []
     for prompt in prompts_token_ids:
-        key = json.dumps([fingerprint, list(prompt), max_new_tokens, ignore_eos])
+        penalty = [] if repetition_penalty is None else [repetition_penalty]  # earlier keys stay valid
+        key = json.dumps([fingerprint, list(prompt), max_new_tokens, ignore_eos, *penalty])
         path = cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
         if path.is_file():
             results.append(json.loads(path.read_text()))
             continue
-        tokens = _generate(model_dir, list(prompt), max_new_tokens, ignore_eos)
+        tokens = _generate(model_dir, list(prompt), max_new_tokens, ignore_eos, repetition_penalty)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(tokens))

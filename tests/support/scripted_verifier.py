@@ -1,7 +1,9 @@
 """A minimal real specd.v1.Verifier server for gateway routing tests: it streams scripted tokens.
 
 It runs a real grpc.aio server on loopback (health, reflection and all, via specd.serving) but no
-model: each Generate streams `tokens` a few per step (with made-up logprobs when asked, scripted_logprobs). It records what reached it (requests, their
+model: each Generate streams `tokens` a few per step (with made-up logprobs when asked, scripted_logprobs),
+and reports the request's seed on the first message as the real verifier does (`drawn_seed` for a sampled
+request without one). It records what reached it (requests, their
 deadlines, cancellations) so tests can check routing, failover and cancel propagation. End-to-end
 tests with the real verifier live in tests/e2e/.
 """
@@ -27,6 +29,7 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
         self.reported_running = 0  # added to live requests in the load report
         self.fail_with: grpc.StatusCode | None = None  # abort every call before its first token
         self.hold_after_steps: int | None = None  # stop streaming after this many steps, until cancelled
+        self.drawn_seed = 4242  # the "random" seed of a sampled request that came without one
         self.requests: list[verifier_pb2.VerifierGenerateRequest] = []
         self.time_remaining: list[float | None] = []
         self.cancelled = asyncio.Event()
@@ -69,6 +72,7 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
         steps = [tokens[i:i + self.tokens_per_step] for i in range(0, len(tokens), self.tokens_per_step)]
         sampling = request.sampling  # k as a verifier with default 4 and maximum 8 reports it
         asked_k = sampling.num_speculative_tokens if sampling.HasField("num_speculative_tokens") else None
+        seed = sampling.seed if sampling.HasField("seed") else self.drawn_seed if sampling.temperature > 0 else None
         for index, step in enumerate(steps):
             if self.hold_after_steps is not None and index == self.hold_after_steps:
                 await asyncio.Event().wait()  # until the call is cancelled
@@ -78,12 +82,12 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
                                      accepted_tokens=len(tokens) - len(steps), steps=len(steps),
                                      num_speculative_tokens=min(asked_k, 8) if asked_k is not None else 4)
             first = index * self.tokens_per_step
-            seed = sampling.seed if sampling.HasField("seed") else 0
-            logprobs = ([scripted_logprobs(first + i, token, sampling.logprobs, seed) for i, token in enumerate(step)]
-                        if sampling.HasField("logprobs") else None)
+            logprobs_seed = sampling.seed if sampling.HasField("seed") else 0
+            logprobs = ([scripted_logprobs(first + i, token, sampling.logprobs, logprobs_seed)
+                         for i, token in enumerate(step)] if sampling.HasField("logprobs") else None)
             yield verifier_pb2.VerifierGenerateResponse(
                 token_ids=step, finish_reason=finish_reason if last else "", usage=usage if last else None,
-                logprobs=logprobs)
+                logprobs=logprobs, seed=seed if index == 0 else None)
             await asyncio.sleep(0)  # let cancellations in between steps, as a real engine would
 
     async def GetLoad(self, request, context):

@@ -2,8 +2,8 @@
 (0 never stands for "unset" or "off"), in the float32 precision it is sampled with."""
 import pytest
 
-from specd.v1 import common_pb2
-from verifier_service.convert import ModelLimits, output_to_proto, sampling_from_proto
+from specd.v1 import common_pb2, verifier_pb2
+from verifier_service.convert import ModelLimits, output_to_proto, request_from_proto, sampling_from_proto
 from verifier_service.engine.outputs import RequestOutput, RequestUsage, TokenLogprobs
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
@@ -53,3 +53,46 @@ def test_an_output_with_logprobs_carries_one_entry_per_token():
     assert [(e.chosen.token_id, e.chosen.logprob, [(t.token_id, t.logprob) for t in e.top])
             for e in message.logprobs] == [(7, -0.5, [(7, -0.5), (3, -1.5)]), (9, -2.0, [(4, -1.0)])]
     assert not output_to_proto(RequestOutput("r", [7], None, usage)).logprobs
+
+
+def test_a_resumed_stream_says_how_many_prompt_tokens_were_generated():
+    sampling = common_pb2.SamplingParams(temperature=1.0, seed=3, output_position_offset=2)
+    request = verifier_pb2.VerifierGenerateRequest(request_id="r", prompt_token_ids=[5, 6, 7], sampling=sampling)
+    assert request_from_proto(request, LIMITS)[2].output_position_offset == 2
+    request.prompt_token_ids[:] = [6, 7]  # no token of the prompt's own left
+    with pytest.raises(InvalidParameter, match="^output_position_offset: "):
+        request_from_proto(request, LIMITS)
+
+
+def test_the_seed_goes_on_the_first_message_only():
+    output = RequestOutput("r", [4], None, RequestUsage(1, 1, 0, 0, 1), seed=2**64 - 1)
+    assert output_to_proto(output, first=True).seed == 2**64 - 1
+    assert not output_to_proto(output).HasField("seed")
+    greedy = RequestOutput("r", [4], None, RequestUsage(1, 1, 0, 0, 1))
+    assert not output_to_proto(greedy, first=True).HasField("seed")
+
+
+def test_penalties_and_logit_bias_reach_the_engine_and_unset_means_off():
+    unset = sampling_from_proto(common_pb2.SamplingParams(), prompt_len=4, limits=LIMITS)
+    assert (unset.presence_penalty, unset.frequency_penalty, unset.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert not unset.adjusts_logits
+    sampling = common_pb2.SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
+                                         logit_bias={7: -100.0, 99: 2.5})
+    params = sampling_from_proto(sampling, prompt_len=4, limits=LIMITS)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.25)
+    assert dict(params.logit_bias) == {7: -100.0, 99: 2.5}
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),  # sent, so not read as unset (1)
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+    ({"logit_bias": {100: 1.0}}, "logit_bias[100]"),  # outside the vocabulary of 100
+    ({"logit_bias": {-3: 1.0}}, "logit_bias[-3]"),
+    ({"logit_bias": {5: 100.5}}, "logit_bias[5]"),
+    ({"logit_bias": {t: 1.0 for t in range(301)}}, "logit_bias"),
+])
+def test_bad_penalties_are_refused_naming_the_field(fields, field):
+    with pytest.raises(InvalidParameter) as error:
+        sampling_from_proto(common_pb2.SamplingParams(**fields), prompt_len=4, limits=LIMITS)
+    assert error.value.field == field

@@ -92,10 +92,14 @@ class Engine:
         prompt = self._checked_prompt(prompt_token_ids)
         if not isinstance(params, SamplingParams):
             raise InvalidParameter("params", "must be a SamplingParams")
+        if params.output_position_offset >= len(prompt):
+            raise InvalidParameter("output_position_offset", f"must be less than the prompt's {len(prompt)} tokens "
+                                   "(it counts the generated tokens the prompt ends with)")
+        params.check_vocabulary(self.vocab_size)
         with self._lock:
             if request_id in self.scheduler.requests:
                 raise InvalidParameter("request_id", f"{request_id!r} is already running")
-            request = Request(request_id, prompt, params, next(self._arrivals), self.device)
+            request = Request(request_id, prompt, params, next(self._arrivals))
             self.scheduler.add(request)
 
     def abort(self, request_id: str) -> bool:
@@ -104,7 +108,7 @@ class Engine:
             request = self.scheduler.abort(request_id)
             if request is None:
                 return False
-            self._aborted.append(RequestOutput(request_id, [], FinishReason.ABORT, request.usage()))
+            self._aborted.append(RequestOutput(request_id, [], FinishReason.ABORT, request.usage(), seed=request.seed))
             self._released.append(request_id)
         return True
 
@@ -230,10 +234,12 @@ class Engine:
     @timed_stage("score")
     def _score_greedy(self, batch: ScheduledBatch, requests: list[Request]) -> PendingVerification | None:
         """Launches a greedy step that the runner verifies itself (a CUDA graph with its verdict inside);
-        None where it cannot (then the forward's logits go through the rejection sampler), or where a request
-        wants logprobs (the graph's verdict has only the tokens)."""
+        None where it cannot (then the forward's logits go through the rejection sampler). The graph judges
+        the raw logits and returns only the tokens, so a request with penalties or a logit bias, or one that
+        wants logprobs, takes the rejection sampler's path."""
         execute_greedy = getattr(self.runner, "execute_greedy", None)
-        if execute_greedy is None or not batch or not all(r.params.greedy and r.params.logprobs is None
+        if execute_greedy is None or not batch or not all(r.params.greedy and not r.params.adjusts_logits
+                                                          and r.params.logprobs is None
                                                           for r in requests):
             return None
         verdict = execute_greedy(batch)

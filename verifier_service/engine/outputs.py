@@ -40,6 +40,7 @@ class RequestOutput:
     finish_reason: FinishReason | None  # set when the request finished this step
     usage: RequestUsage
     logprobs: list[TokenLogprobs] | None = None  # one per new token when the request asked for logprobs
+    seed: int | None = None  # what its sampling is keyed by (its own, or drawn at arrival); None: greedy, unseeded
 
     @property
     def finished(self) -> bool:

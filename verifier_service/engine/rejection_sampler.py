@@ -11,11 +11,19 @@ So every verify step emits num_accepted + 1 tokens.
 Greedy (temperature 0): accept while draft == argmax p_j; the recovered / bonus token is the argmax,
 so the output equals plain greedy decoding token for token.
 
-Sampling (temperature > 0): n-gram drafts are deterministic, i.e. the draft distribution q is a point
-mass on the draft x. The paper's rule "accept with probability min(1, p(x) / q(x))" becomes "accept with
-probability p(x)", and its residual max(0, p - q), normalised, becomes p with x removed and renormalised.
-Each emitted token is then distributed exactly as p_j: P(x) = p(x), and any other y is emitted with
-(1 - p(x)) * p(y) / (1 - p(x)) = p(y). p is the filtered target (temperature, top-k, top-p, min-p).
+Sampling (temperature > 0): every position's token is the keyed sample of its target p_j (p filtered by
+temperature, top-k, top-p, min-p): y_j = argmax_v p_j(v) / E(seed, position, v), with E Exp(1) noise that
+depends only on the request's seed, the output position and the token (keyed_noise.py): the exponential
+race, so y_j is a draw from p_j. A draft is accepted exactly when it equals y_j; the first row whose draft
+differs emits y_j (the recovered token, != the draft), and after d accepted drafts the bonus row emits y_d.
+n-gram drafts propose one token with certainty (the draft distribution q is a point mass on x), and this is
+the paper's rule for that q: x is accepted with probability P(y = x) = p(x) = min(1, p(x) / q(x)), and a
+rejection emits y given y != x, i.e. p with x removed and renormalised, the residual max(0, p - q)
+normalised. So each emitted token is distributed exactly as p_j, and, more than that, it is the very token
+decoding without speculation would emit at that position: seeded output does not depend on speculation,
+k, the batch, preemption or prefix-cache hits. Every sampled request has a seed (a random one if the
+client gave none, request.py). Greedy rows need no noise. p_j is the target of the logits after penalties and
+logit bias (logits_processors.py), which are applied to every row first.
 
 Everything runs on the whole batch with tensor ops; the result reaches the host in one copy, which
 verify_async leaves queued so the engine can launch the next step before waiting for it. Requests that ask
@@ -29,6 +37,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from verifier_service.engine.keyed_noise import exponential_noise
+from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.logprobs import DeviceLogprobs, emitted_logprobs, raw_logprobs
 from verifier_service.engine.outputs import TokenLogprobs
 from verifier_service.engine.sampling import target_probabilities
@@ -98,6 +108,7 @@ def verify(
 def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVerification:
     """verify, with the result left on the device until PendingVerification.result() asks for it."""
     raw = raw_logprobs(logits, metadata.logprobs)  # before anything processes the logits (None: nobody asked)
+    logits = apply_logits_processors(logits, metadata.logits_processors)  # penalties, logit bias (new tensor)
     accepted, replacement = _judge_rows(logits, metadata)  # [num_rows] bool, [num_rows] int64
     num_columns = metadata.row_index.shape[1]  # max drafts + 1
     accepted_padded = accepted[metadata.row_index[:, :-1]] & metadata.draft_mask  # [num_requests, max_drafts]
@@ -113,27 +124,17 @@ def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVer
 def _judge_rows(
     logits: torch.Tensor,  # [num_rows, vocab]
     metadata: SamplingMetadata,
-) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [num_rows] bool, replacement token [num_rows] int64
-    """Per row: would its draft be accepted, and which token replaces it if not (or follows, if bonus)."""
-    target_argmax = logits.argmax(dim=-1)
-    greedy_accepted = metadata.row_draft == target_argmax
-    if metadata.all_greedy:
-        return greedy_accepted, target_argmax
-    probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
-                                 metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
-    uniform, exponential = metadata.random_draws(logits.shape[-1], logits.device)  # drawn alike either way
-    if metadata.has_drafts:
-        draft_prob = probs.gather(1, metadata.row_draft.unsqueeze(1)).squeeze(1)  # p(x)
-        sampled_accepted = metadata.row_has_draft & (uniform < draft_prob)
-        residual = probs.scatter(1, metadata.row_draft.unsqueeze(1), 0.0)
-        residual = torch.where(metadata.row_has_draft.unsqueeze(1), residual, probs)  # bonus rows: all of p
-        # p(x) == 1 up to rounding leaves nothing to recover from; then any draw from p is as good.
-        residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, probs)
-    else:  # only bonus rows: the residual is p itself (skips four passes over [rows, vocab])
-        sampled_accepted, residual = metadata.row_has_draft, probs
-    sampled = (residual / exponential).argmax(dim=-1)  # exponential race: a draw proportional to residual
-    greedy = metadata.row_greedy
-    return torch.where(greedy, greedy_accepted, sampled_accepted), torch.where(greedy, target_argmax, sampled)
+) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [num_rows] bool, chosen token [num_rows] int64
+    """Per row: the token plain decoding picks at its position (argmax, or the keyed sample), and whether
+    the row's draft equals it (accepted); the token replaces the draft if not (or follows, on a bonus row)."""
+    chosen = logits.argmax(dim=-1)
+    if not metadata.all_greedy:
+        probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
+                                     metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
+        noise = exponential_noise(metadata.row_keys, logits.shape[-1])  # [num_rows, vocab]
+        sampled = probs.div_(noise).argmax(dim=-1)  # the exponential race: a draw from probs
+        chosen = torch.where(metadata.row_greedy, chosen, sampled)
+    return metadata.row_draft == chosen, chosen
 
 
 def _unpack(host: list[list[int]], batch_indices: list[int], batch_size: int) -> VerifiedTokens:

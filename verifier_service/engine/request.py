@@ -1,9 +1,9 @@
 """One request's state inside the engine."""
 from __future__ import annotations
 
+import secrets
+from collections.abc import Sequence
 from enum import Enum
-
-import torch
 
 from verifier_service.engine.outputs import FinishReason, RequestUsage
 from verifier_service.engine.sampling_params import SamplingParams
@@ -26,7 +26,7 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_index: int, device: torch.device | str = "cpu") -> None:
+                 arrival_index: int) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -40,10 +40,10 @@ class Request:
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.num_draft_slots = 0  # KV slots reserved for drafts in the current step
         self.num_pending_tokens = 0  # trailing outputs that are placeholders for tokens still on the device
-        self.num_pending_drafts = 0  # drafts in flight: the step on the device may emit this many more tokens
+        self.pending_draft_ids: list[int] = []  # drafts in flight: the step on the device emits a prefix of them
         self.num_speculative_tokens = 0  # its k, as the scheduler clamped it (Scheduler.add)
         self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
-        self.generator = _seeded_generator(params.seed, device)
+        self.seed = sampling_seed(params)
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.num_steps = 0
@@ -64,20 +64,25 @@ class Request:
         self.output_token_ids.extend(token_ids)
         self.token_ids.extend(token_ids)
 
-    def append_pending_token(self, num_drafts: int = 0) -> None:
+    @property
+    def num_pending_drafts(self) -> int:
+        """The step on the device may emit this many more tokens than its placeholder stands for."""
+        return len(self.pending_draft_ids)
+
+    def append_pending_token(self, draft_ids: Sequence[int] = ()) -> None:
         """A placeholder for the last token of a step still on the device (async scheduling), which scored
-        num_drafts drafts for this request: it emits 1 to num_drafts + 1 tokens, this placeholder stands for
-        the last one (at the position it has if none of the drafts is accepted)."""
+        draft_ids for this request: it emits a prefix of them and then one token, which this placeholder stands
+        for (at the position it has if none of the drafts is accepted)."""
         self.append_output([PENDING_TOKEN])
         self.num_pending_tokens += 1
-        self.num_pending_drafts = num_drafts
+        self.pending_draft_ids = list(draft_ids)
 
     def drop_pending_token(self) -> None:
         """Takes the placeholder back before the real tokens are appended."""
         self.output_token_ids.pop()
         self.token_ids.pop()
         self.num_pending_tokens -= 1
-        self.num_pending_drafts = 0
+        self.pending_draft_ids = []
 
     def reset_for_recompute(self) -> None:
         """After preemption: the KV cache holds nothing; prompt + output are prefilled again later."""
@@ -98,9 +103,10 @@ class Request:
         )
 
 
-def _seeded_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
+def sampling_seed(params: SamplingParams) -> int | None:
+    """The seed a request samples with: its own, else a random one drawn at arrival (63 bits, so it fits any
+    client's signed 64-bit integer) and reported back, so any sampled output can be reproduced. Greedy
+    requests without a seed need none."""
+    if params.seed is not None or params.greedy:
+        return params.seed
+    return secrets.randbits(63)

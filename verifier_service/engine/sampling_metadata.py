@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.logits_processor_inputs import LogitsProcessorInputs
 from verifier_service.engine.logprobs import LogprobsPlan, plan_logprobs
 from verifier_service.engine.request import Request
+from verifier_service.engine.sampling_keys import row_sampling_keys
 from verifier_service.host_copy import to_device
 
 
@@ -24,26 +26,25 @@ class SamplingMetadata:
     draft_token_ids: torch.Tensor  # [num_requests, max_drafts] int64, 0 where padded
     draft_mask: torch.Tensor  # [num_requests, max_drafts] bool, True for real drafts
     row_draft: torch.Tensor  # [num_rows] int64: the draft verified at this row (0 on bonus rows)
-    row_has_draft: torch.Tensor  # [num_rows] bool: False on bonus rows
     row_greedy: torch.Tensor  # [num_rows] bool
     row_temperature: torch.Tensor  # [num_rows] float32, 1.0 on greedy rows
     row_top_k: torch.Tensor  # [num_rows] int64
     row_top_p: torch.Tensor  # [num_rows] float32
     row_min_p: torch.Tensor  # [num_rows] float32
     all_greedy: bool
-    seeded_rows: list[tuple[int, int, torch.Generator]]  # (first row, row count, the request's generator)
-    has_drafts: bool = True  # some row verifies a draft (False: every row is a bonus row)
+    row_keys: torch.Tensor | None  # [num_rows] int64: (seed, output position) keys (sampling_keys.py); None if all greedy
     use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
     use_top_p: bool = True
     use_min_p: bool = True
     logprobs: LogprobsPlan | None = None  # rows that need log-probabilities (None: no request asked)
+    logits_processors: LogitsProcessorInputs | None = None  # penalties and logit bias; None: nobody uses any
 
     @classmethod
     def build(cls, batch: ScheduledBatch, requests: Sequence[Request], device: torch.device) -> SamplingMetadata:
         """requests: the engine's Request of each batch entry, in batch order."""
         with_logits = [(i, s, r) for i, (s, r) in enumerate(zip(batch.requests, requests)) if s.num_logits]
         max_drafts = max((s.num_draft_tokens for _, s, _ in with_logits), default=0)
-        row_index, drafts, row_draft, has_draft, seeded = [], [], [], [], []
+        row_index, drafts, row_draft = [], [], []
         per_request_params, counts = [], []
         first_row = 0
         for _, scheduled, request in with_logits:
@@ -52,13 +53,10 @@ class SamplingMetadata:
             row_index.append([first_row + min(j, num_drafts) for j in range(max_drafts + 1)])
             drafts.append(draft + [0] * (max_drafts - num_drafts))
             row_draft += draft + [0]
-            has_draft += [True] * num_drafts + [False]
             params = request.params
             per_request_params.append((params.greedy, params.temperature if not params.greedy else 1.0,
                                        params.top_k, params.top_p, params.min_p))
             counts.append(num_drafts + 1)
-            if request.generator is not None:
-                seeded.append((first_row, num_drafts + 1, request.generator))
             first_row += num_drafts + 1
         greedy, temperature, top_k, top_p, min_p = zip(*per_request_params) if per_request_params else ((),) * 5
         num_requests, num_rows = len(with_logits), first_row
@@ -69,13 +67,13 @@ class SamplingMetadata:
         # Two pinned, non-blocking copies (ints, floats) instead of one blocking copy per tensor: no host sync.
         ints = [x for row in row_index for x in row] + [x for row in drafts for x in row]
         ints += [int(j < n - 1) for n in counts for j in range(max_drafts)]
-        ints += row_draft + [int(x) for x in has_draft] + per_row([int(g) for g in greedy]) + per_row(top_k)
+        ints += row_draft + per_row([int(g) for g in greedy]) + per_row(top_k)
         floats = per_row(temperature) + per_row(top_p) + per_row(min_p)
         ints_device = to_device(ints, torch.int64, device)
         floats_device = to_device(floats, torch.float32, device)
         padded = num_requests * (max_drafts + 1), num_requests * max_drafts, num_requests * max_drafts
-        index, draft_ids, mask, row_draft_t, has_draft_t, greedy_t, top_k_t = ints_device.split(
-            [*padded, num_rows, num_rows, num_rows, num_rows])
+        index, draft_ids, mask, row_draft_t, greedy_t, top_k_t = ints_device.split(
+            [*padded, num_rows, num_rows, num_rows])
         temperature_t, top_p_t, min_p_t = floats_device.split([num_rows] * 3)
         return cls(
             batch_size=len(batch.requests),
@@ -84,32 +82,16 @@ class SamplingMetadata:
             draft_token_ids=draft_ids.view(num_requests, max_drafts),
             draft_mask=mask.view(num_requests, max_drafts).bool(),
             row_draft=row_draft_t,
-            row_has_draft=has_draft_t.bool(),
             row_greedy=greedy_t.bool(),
             row_temperature=temperature_t,
             row_top_k=top_k_t,
             row_top_p=top_p_t,
             row_min_p=min_p_t,
             all_greedy=all(greedy),
-            seeded_rows=seeded,
-            has_drafts=max_drafts > 0,
+            row_keys=None if all(greedy) else row_sampling_keys(batch, requests, device),
             use_top_k=any(k > 0 for k in top_k),
             use_top_p=any(p < 1.0 for p in top_p),
             use_min_p=any(p > 0.0 for p in min_p),
             logprobs=plan_logprobs([(s.num_draft_tokens, r.params) for _, s, r in with_logits], max_drafts, device),
+            logits_processors=LogitsProcessorInputs.build(with_logits, batch.previous_result, device),
         )
-
-    def random_draws(self, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """uniform [num_rows] for acceptance, exponential [num_rows, vocab] for the exponential race.
-
-        Rows of a seeded request come from its own generator, so its output does not depend on what
-        else is in the batch.
-        """
-        num_rows = self.row_draft.shape[0]
-        uniform = torch.rand(num_rows, device=device)
-        exponential = torch.empty(num_rows, vocab_size, device=device).exponential_()
-        for first, count, generator in self.seeded_rows:
-            uniform[first:first + count] = torch.rand(count, device=device, generator=generator)
-            exponential[first:first + count].exponential_(generator=generator)
-        return uniform, exponential
-

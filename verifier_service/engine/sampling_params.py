@@ -1,12 +1,15 @@
 """Per-request sampling parameters, validated once when the request enters the engine."""
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from specd.float32 import as_float32
 
 MAX_LOGPROBS = 20  # most likely alternatives a request may ask for per token (OpenAI's chat maximum)
 LOGPROBS_MODES = ("raw", "processed")  # which distribution logprobs are taken from (engine/logprobs.py)
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap on logit_bias
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,11 @@ class SamplingParams:
     num_speculative_tokens None means the engine's default; 0 turns speculation off for the request.
     logprobs None means none; N in 0..MAX_LOGPROBS: each emitted token's log-probability and the N most
     likely tokens at its position, from the raw or the processed distribution (logprobs_mode, see logprobs.py).
+    seed keys the sampler's randomness (keyed_noise.py), None = a random seed drawn at arrival.
+    output_position_offset: generated tokens the prompt ends with (a stream resumed on another verifier carries
+    its output so far in the prompt), so that the position keying each sampled token counts them too.
+    Penalties and logit_bias (token id -> bias added to its logit) adjust the logits before all of that, in
+    greedy and sampled requests alike (logits_processors.py defines them); the neutral values cost nothing.
     """
 
     max_tokens: int = 16
@@ -34,6 +42,11 @@ class SamplingParams:
     tenant_key: str = ""  # for the drafter's per-key memory scope (gateway/tenant.py); "" = no tenant
     logprobs: int | None = None
     logprobs_mode: str = "raw"
+    output_position_offset: int = 0
+    presence_penalty: float = 0.0  # in [-2, 2]; 0 = off
+    frequency_penalty: float = 0.0  # in [-2, 2]; 0 = off
+    repetition_penalty: float = 1.0  # > 0; 1 = off
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # token id -> bias in [-100, 100]
 
     def __post_init__(self) -> None:
         checks = [
@@ -49,14 +62,43 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
              f"must be in [0, {MAX_LOGPROBS}] (or unset for none)"),
             (self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}"),
+            (self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)"),
+            (self.output_position_offset >= 0, "output_position_offset", "must be >= 0"),
         ]
+        checks += [
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0, "repetition_penalty",
+             "must be a finite number > 0 (1 = off)"),
+            (len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
+             f"at most {MAX_LOGIT_BIAS_ENTRIES} entries"),
+        ]
+        checks += [(isinstance(token, int) and token >= 0 and -100.0 <= bias <= 100.0, f"logit_bias[{token}]",
+                    "must map a token id >= 0 to a bias in [-100, 100]") for token, bias in self.logit_bias.items()]
         for ok, name, message in checks:
             if not ok:
                 raise InvalidParameter(name, message)
+        object.__setattr__(self, "logit_bias", dict(self.logit_bias))  # its own copy: the caller's may change
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether a penalty applies: the logits depend on the tokens so far (prompt and output)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a penalty or a logit bias changes the target's logits (logits_processors.py)."""
+        return self.penalizes or bool(self.logit_bias)
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """InvalidParameter naming the first logit_bias token outside [0, vocab_size)."""
+        for token in self.logit_bias:
+            if token >= vocab_size:
+                raise InvalidParameter(f"logit_bias[{token}]", f"token id outside the vocabulary [0, {vocab_size})")
 
 
 class InvalidParameter(ValueError):

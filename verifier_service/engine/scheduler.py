@@ -91,7 +91,7 @@ class Scheduler:
                 continue  # aborted while it ran
             request.num_computed_tokens = scheduled.context_len - scheduled.num_draft_tokens
             if scheduled.num_logits:
-                request.append_pending_token(scheduled.num_draft_tokens)
+                request.append_pending_token(scheduled.token_ids[scheduled.num_tokens - scheduled.num_draft_tokens:])
         return self._schedule(ahead=True)
 
     def lookahead_requests(self, in_flight: ScheduledBatch) -> list[DraftRequest]:
@@ -294,7 +294,8 @@ class Scheduler:
             request.status = RequestStatus.FINISHED
         if logprobs is not None:  # cut where the tokens were (max_tokens, stop token)
             logprobs = logprobs[:len(token_ids)]
-        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage(), logprobs)
+        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage(), logprobs,
+                             request.seed)
 
     def _cache_blocks(self, request: Request) -> None:
         if (not self.block_manager.enable_prefix_caching

@@ -1,0 +1,75 @@
+"""Random numbers keyed by (seed, output position, token): the same key gives the same number anywhere.
+
+A sampled request picks the token at output position p as argmax_v probs[v] / E(seed, p, v), with E an
+Exp(1) variable per token (the exponential race: the winner is a draw from probs, exactly). Drawing E from
+a stateful generator ties the draw to how many numbers were drawn before - which depends on the batch, the
+steps, the drafts tried. Here E is a pure function of its key instead, computed by a counter-based hash
+(SplitMix64, Steele et al., "Fast splittable pseudorandom number generators", OOPSLA 2014):
+    row key   = mix(mix(seed ^ SEED_SALT) + (p + 1) * GAMMA)       one per (request, position) row
+    bits      = mix(row key + (v + 1) * GAMMA)                      one per token: SplitMix64's stream
+    u         = (top 24 bits of bits + 1) / 2**24                  in (0, 1], a float32 exactly
+    E         = -log(u), at least 2**-25                            Exp(1); never 0 (0 / 0 would be NaN)
+so the row keys of one seed are SplitMix64's outputs over positions, and each row's noise is the SplitMix64
+stream that starts at its key (both pass BigCrush).
+
+Everything is vectorised int64 tensor arithmetic, on the CPU and on CUDA alike: multiplication wraps
+modulo 2**64 on both (two's complement; tests/engine/test_keyed_noise.py pins the CPU against Python's
+unbounded integers, and CUDA compiles int64 products to PTX mul.lo.s64, the low 64 bits), and logical right
+shifts are arithmetic shifts with the sign-extended bits masked off. The constants above 2**63 are written as
+the signed int64 with the same bits.
+"""
+from __future__ import annotations
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15  # 2**64 / golden ratio, odd: SplitMix64's counter increment
+_MULTIPLIER_1 = 0xBF58476D1CE4E5B9
+_MULTIPLIER_2 = 0x94D049BB133111EB
+SEED_SALT = 0x5EED5EED5EED5EED  # keeps seed 0's key away from the all-zero state
+UNIFORM_BITS = 24  # a float32 holds every (k + 1) / 2**24 exactly
+MIN_NOISE = 2.0 ** -25  # E for u = 1: half a grid step, as the midpoint rule would give
+
+
+def as_int64(value: int) -> int:
+    """The signed int64 with the low 64 bits of `value` (a seed may be any uint64)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shifted_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 x: torch's >> is arithmetic, so the copied sign bits are masked off."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser (Stafford's Mix13) on int64, wrapping: a bijection of 64-bit words."""
+    x = (x ^ _shifted_right(x, 30)) * as_int64(_MULTIPLIER_1)
+    x = (x ^ _shifted_right(x, 27)) * as_int64(_MULTIPLIER_2)
+    return x ^ _shifted_right(x, 31)
+
+
+def row_keys(
+    seeds: torch.Tensor,  # [num_rows] int64: each row's request seed (as_int64)
+    positions: torch.Tensor,  # [num_rows] int64: the output position the row picks a token for
+) -> torch.Tensor:  # [num_rows] int64
+    """One key per (seed, position): position p of a seed is SplitMix64 output p + 1 of that seed's stream."""
+    return mix(mix(seeds ^ as_int64(SEED_SALT)) + (positions + 1) * as_int64(GAMMA))
+
+
+def exponential_noise(
+    keys: torch.Tensor,  # [num_rows] int64 from row_keys
+    vocab_size: int,
+) -> torch.Tensor:  # [num_rows, vocab_size] float32, Exp(1) distributed
+    """E(key, v) for every token v: the row's SplitMix64 stream, turned into Exp(1) noise.
+
+    Only the top 24 bits are kept, and those the finaliser's last xor-shift (x ^ x >>> 31) leaves unchanged,
+    so it is skipped. In-place ops keep it to one [num_rows, vocab] int64 buffer and one float32 buffer.
+    """
+    tokens = torch.arange(1, vocab_size + 1, device=keys.device, dtype=torch.int64) * as_int64(GAMMA)
+    x = keys.unsqueeze(1) + tokens  # [num_rows, vocab]
+    for shift, multiplier in ((30, _MULTIPLIER_1), (27, _MULTIPLIER_2)):
+        x.bitwise_xor_(_shifted_right(x, shift)).mul_(as_int64(multiplier))
+    top = x.bitwise_right_shift_(64 - UNIFORM_BITS).bitwise_and_((1 << UNIFORM_BITS) - 1)
+    uniform = top.to(torch.float32).add_(1.0).mul_(2.0 ** -UNIFORM_BITS)  # (0, 1]
+    return uniform.log_().neg_().clamp_(min=MIN_NOISE)
