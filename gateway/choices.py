@@ -1,10 +1,14 @@
-"""OpenAI's `n`: n generations of one prompt, their chunks merged in the order they arrive.
+"""`n` and `best_of`: several independent samples of one prompt in one HTTP response, as OpenAI returns them.
 
-Choice i of a seeded request runs with seed + i, so each choice can be reproduced alone (`n: 1` with that
-seed). A sampled request without a seed draws one here (for n = 1 the verifier draws it), so that the one
-seed the response reports - choice 0's - reproduces every choice. Choice 0 starts first and the others once its
-first chunk has arrived: the prompt's KV blocks are then in the verifier's prefix cache, so the other n - 1
-skip its prefill (when the router sends them to the same replica, as it does with one replica).
+Sample i is the request with seed + i, so any choice can be reproduced alone (`n: 1` with that seed). A
+sampled request without a seed and more than one sample draws one here (for one sample the verifier draws
+it), so that the one seed the response reports - sample 0's - reproduces every choice; greedy samples need
+none. The first sample runs alone until its first token: by then its prompt's KV blocks are in the prefix
+cache of its verifier replica, and the others, pinned to that replica (router.ReplicaPin), start from them
+instead of computing the prompt again. Chunks of all samples stream as they come, each with its choice's
+index. best_of generates best_of samples and returns the n with the highest cumulative logprob (the sum of
+the logprobs of the tokens sent, from the distribution logprobs_mode names), most likely first; it cannot
+stream. Usage counts the prompt once and every token generated, those of discarded samples included.
 """
 from __future__ import annotations
 
@@ -13,66 +17,112 @@ import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gateway.request import GenerationRequest, TextChunk, Usage
+from gateway.request import GenerationRequest, SentLogprobs, TextChunk, Usage
+from gateway.router import ReplicaPin
 
-MAX_CHOICES = 128  # OpenAI's limit
+if TYPE_CHECKING:
+    from gateway.pipeline import Pipeline
 
-_DONE = object()  # a choice's pump puts this after its last chunk
+MAX_CHOICES = 128  # samples one request may ask for (n, best_of), OpenAI's limit; each costs a request's work
+_SEEDS = 2**63  # seeds are in [0, 2**63): seed + i wraps around
 
 
-def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
-    """The n requests: choice i with seed + i (wrapping inside [0, 2**63)); greedy ones need no seed."""
-    if request.seed is None and request.temperature == 0:
-        return [request] * n
+def sample_requests(request: GenerationRequest, count: int) -> list[GenerationRequest]:
+    """The request of each sample: seed + i, the seed drawn here for sampled requests without one (one
+    sample alone is left to the verifier, which draws and reports it); greedy ones need no seed."""
+    if count == 1 or request.seed is None and request.temperature == 0:
+        return [request] * count
     seed = secrets.randbits(63) if request.seed is None else request.seed
-    return [dataclasses.replace(request, seed=(seed + i) % 2**63) for i in range(n)]
+    return [dataclasses.replace(request, seed=(seed + i) % _SEEDS) for i in range(count)]
 
 
-async def merged_choices(pipeline, request: GenerationRequest, n: int,
-                         deadline: float | None) -> AsyncIterator[tuple[int, TextChunk]]:
-    """(choice index, chunk) as they come; every choice's last chunk has its finish_reason. An error of any
-    choice ends them all (closing the iterator cancels every verifier call)."""
-    requests = choice_requests(request, n)
+async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
+                      deadline: float | None) -> AsyncIterator[tuple[int, TextChunk]]:
+    """(choice index, chunk) of every sample as they come, until all have finished; the first error raises.
+    Closing it early cancels every sample (and its verifier call)."""
+    if len(requests) == 1:
+        async with aclosing(pipeline.generate(requests[0], deadline)) as chunks:
+            async for chunk in chunks:
+                yield 0, chunk
+        return
     arrivals: asyncio.Queue = asyncio.Queue()
-    first_arrived = asyncio.Event()
+    pin, prompt_cached = ReplicaPin(), asyncio.Event()
 
-    async def pump(index: int) -> None:
+    async def sample(index: int, request: GenerationRequest) -> None:
         try:
-            async with aclosing(pipeline.generate(requests[index], deadline)) as chunks:
+            if index:
+                await prompt_cached.wait()
+            async with aclosing(pipeline.generate(request, deadline, pin)) as chunks:
                 async for chunk in chunks:
-                    first_arrived.set()
+                    prompt_cached.set()
                     arrivals.put_nowait((index, chunk))
-            arrivals.put_nowait((index, _DONE))
         except Exception as error:  # noqa: BLE001 - handed to the consumer, which raises it
             arrivals.put_nowait((index, error))
+        finally:
+            prompt_cached.set()  # the first sample failed before its first token: the others go anyway
 
-    async def start_the_rest() -> None:
-        await first_arrived.wait()
-        tasks.extend(asyncio.ensure_future(pump(i)) for i in range(1, n))
-
-    tasks = [asyncio.ensure_future(pump(0))]
-    starter = asyncio.ensure_future(start_the_rest())
+    tasks = [asyncio.create_task(sample(i, request)) for i, request in enumerate(requests)]
     try:
-        remaining = n
-        while remaining:
+        unfinished = len(requests)
+        while unfinished:
             index, item = await arrivals.get()
-            if item is _DONE:
-                remaining -= 1
-                first_arrived.set()  # a choice 0 that ended without a chunk must not hold the others back
-            elif isinstance(item, Exception):
+            if isinstance(item, Exception):
                 raise item
-            else:
-                yield index, item
+            yield index, item
+            unfinished -= bool(item.finish_reason)
     finally:
-        starter.cancel()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(starter, *tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def summed_usage(usages: list[Usage]) -> Usage:
-    """One response's usage for its choices: the prompt once, everything generated summed."""
+@dataclass
+class Choice:
+    """One sample, collected: its text, how it ended, its counts, its logprobs (None: not asked) and its seed."""
+
+    index: int
+    text: str = ""
+    finish_reason: str = ""
+    usage: Usage | None = None
+    logprobs: list[SentLogprobs] | None = None
+    seed: int | None = None  # what it sampled with, from its first chunk (None: greedy, unseeded)
+
+    def add(self, chunk: TextChunk) -> None:
+        self.text += chunk.text
+        if chunk.seed is not None and self.seed is None:
+            self.seed = chunk.seed
+        if chunk.logprobs is not None:
+            self.logprobs = self.logprobs if self.logprobs is not None else []
+            self.logprobs += chunk.logprobs
+        if chunk.finish_reason:
+            self.finish_reason, self.usage = chunk.finish_reason, chunk.usage
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(entry.chosen.logprob for entry in self.logprobs or ())
+
+
+async def collect(chunks: AsyncIterator[tuple[int, TextChunk]]) -> list[Choice]:
+    """Every sample's choice, in index order."""
+    choices: dict[int, Choice] = {}
+    async for index, chunk in chunks:
+        choices.setdefault(index, Choice(index)).add(chunk)
+    return [choices[index] for index in sorted(choices)]
+
+
+def best(choices: list[Choice], n: int, keep_logprobs: bool) -> list[Choice]:
+    """The n choices with the highest cumulative logprob, most likely first, indexed 0..n - 1."""
+    ranked = sorted(choices, key=lambda choice: choice.cumulative_logprob, reverse=True)[:n]
+    return [dataclasses.replace(choice, index=index, logprobs=choice.logprobs if keep_logprobs else None)
+            for index, choice in enumerate(ranked)]
+
+
+def total_usage(usages: list[Usage]) -> Usage:
+    """The samples' counts together: the prompt once, generated tokens, drafts and steps summed (so
+    completion_tokens / steps stays the mean acceptance length)."""
     return Usage(prompt_tokens=usages[0].prompt_tokens,
                  completion_tokens=sum(u.completion_tokens for u in usages),
                  draft_tokens=sum(u.draft_tokens for u in usages),

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from specd.v1 import common_pb2, gateway_pb2, verifier_pb2
-from gateway.request import GenerationRequest, ReplicaLoad, TextChunk, Usage, VerifierChunk
+from gateway.request import (GenerationRequest, ReplicaLoad, SentLogprobs, TextChunk, TokenCandidate, TokenLogprobs,
+                             Usage, VerifierChunk)
 from gateway.validation import RequestFields
 
 _OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                    "num_speculative_tokens", "repetition_penalty")
+                    "num_speculative_tokens", "logprobs", "repetition_penalty")
+# logprobs modes: the wire's enum <-> the names validation and the engine use
+_LOGPROBS_MODES = {common_pb2.TOKEN_LOGPROBS_MODE_RAW: "raw", common_pb2.TOKEN_LOGPROBS_MODE_PROCESSED: "processed"}
+_LOGPROBS_MODE_NUMBERS = {name: number for number, name in _LOGPROBS_MODES.items()}
 
 
 def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> RequestFields:
@@ -18,6 +22,7 @@ def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> Reques
         prompt_token_ids=list(message.prompt_token_ids) or None,
         stop=list(message.stop),
         ignore_eos=message.ignore_eos,
+        logprobs_mode=_LOGPROBS_MODES.get(message.logprobs_mode, str(message.logprobs_mode)),
         presence_penalty=message.presence_penalty,
         frequency_penalty=message.frequency_penalty,
         logit_bias=dict(message.logit_bias) or None,
@@ -37,6 +42,8 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
         ignore_eos=request.ignore_eos,
         stop_token_ids=request.stop_token_ids,
         num_speculative_tokens=request.num_speculative_tokens,
+        logprobs=request.logprobs,
+        logprobs_mode=_LOGPROBS_MODE_NUMBERS[request.logprobs_mode],
         output_position_offset=request.output_position_offset,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
@@ -63,15 +70,29 @@ def usage_to_pb(usage: Usage) -> common_pb2.Usage:
 def chunk_from_verifier(message: verifier_pb2.VerifierGenerateResponse) -> VerifierChunk:
     """One verifier step as a domain chunk."""
     usage = usage_from_pb(message.usage) if message.HasField("usage") else None
+    logprobs = tuple(TokenLogprobs(entry.chosen.token_id, entry.chosen.logprob,
+                                   tuple((top.token_id, top.logprob) for top in entry.top))
+                     for entry in message.logprobs)
     return VerifierChunk(token_ids=tuple(message.token_ids), finish_reason=message.finish_reason,
-                         usage=usage, seed=message.seed if message.HasField("seed") else None)
+                         usage=usage, logprobs=logprobs, seed=message.seed if message.HasField("seed") else None)
 
 
 def generate_response(chunk: TextChunk) -> gateway_pb2.GenerateResponse:
     """One message of the Gateway/Generate stream."""
     usage = usage_to_pb(chunk.usage) if chunk.usage is not None else None
     return gateway_pb2.GenerateResponse(text=chunk.text, token_ids=chunk.token_ids,
-                                        finish_reason=chunk.finish_reason, usage=usage, seed=chunk.seed)
+                                        finish_reason=chunk.finish_reason, usage=usage, seed=chunk.seed,
+                                        logprobs=[_sent_logprobs_to_pb(entry) for entry in chunk.logprobs or ()])
+
+
+def _sent_logprobs_to_pb(entry: SentLogprobs) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(chosen=_candidate_to_pb(entry.chosen),
+                                    top=[_candidate_to_pb(candidate) for candidate in entry.top])
+
+
+def _candidate_to_pb(candidate: TokenCandidate) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(token_id=candidate.token_id, logprob=candidate.logprob, token=candidate.text,
+                                   token_bytes=candidate.utf8)
 
 
 def get_load_request() -> verifier_pb2.GetLoadRequest:

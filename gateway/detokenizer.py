@@ -23,9 +23,9 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Iterable[int]) -> str:
         """The new text that `token_ids` complete (may be "" while a character is still partial)."""
-        pieces = []
-        for token_id in token_ids:
-            piece = self._stream.step(self._tokenizer, token_id)
-            if piece is not None:
-                pieces.append(piece)
-        return "".join(pieces)
+        return "".join(self.pieces(token_ids))
+
+    def pieces(self, token_ids: Iterable[int]) -> list[str]:
+        """The new text each token completes, one piece per token ("" for a token that ends in a partial
+        character, or a special token): where each token's text starts, for logprobs."""
+        return [self._stream.step(self._tokenizer, token_id) or "" for token_id in token_ids]

@@ -8,8 +8,8 @@ grpc code of the same meaning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from gateway import openai_responses as responses
 from gateway.auth import OPEN_HTTP_PATHS, bearer_matches
-from gateway.choices import merged_choices, summed_usage
+from gateway.choices import best, collect, interleaved, sample_requests, total_usage
 from gateway.http_body import read_json_object
 from gateway.http_errors import ClientGone, install_error_handlers
 from gateway.openai_schema import ChatCompletionBody, CompletionBody, parse_body
@@ -87,59 +87,45 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     data = await read_json_object(request, pipeline.max_body_bytes())
     body = parse_body(schema, without_unsupported(data))
     pipeline.check_model(body.model)
-    n = body.num_choices
+    n, best_of = body.choices()
     headers = request.headers
     generation = await pipeline.validate(body.request_fields(),
                                          tenant_key(headers.get("authorization"), headers.get(TENANT_HEADER)))
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
-    chunks = (_only_choice(pipeline.generate(generation, deadline)) if n == 1
-              else merged_choices(pipeline, generation, n, deadline))
+    ranked = best_of > n  # samples are ranked by their logprobs, asked for if the client did not
+    sampled = dataclasses.replace(generation, logprobs=generation.logprobs or 0) if ranked else generation
+    chunks = interleaved(pipeline, sample_requests(sampled, best_of), deadline)
     if body.stream:
         # The first chunk is awaited here so that a failure before any token is a proper HTTP status.
         first = await _until_disconnected(request, anext(chunks))
-        return StreamingResponse(_events(first, chunks, writer, body.include_usage, n),
+        return StreamingResponse(_events(first, chunks, writer, body.include_usage),
                                  media_type="text/event-stream")
-    return JSONResponse(await _until_disconnected(request, _collect(chunks, writer, n)))
-
-
-async def _only_choice(chunks: AsyncIterator[TextChunk]) -> AsyncIterator[tuple[int, TextChunk]]:
-    """One generation's chunks as choice 0's (closing this closes the generation)."""
-    async with aclosing(chunks):
-        async for chunk in chunks:
-            yield 0, chunk
-
-
-async def _collect(chunks: AsyncIterator[tuple[int, TextChunk]], writer: responses.ResponseWriter, n: int) -> dict:
-    texts: list[list[str]] = [[] for _ in range(n)]
-    finished: dict[int, TextChunk] = {}
-    seed = None
-    async for index, chunk in chunks:
-        texts[index].append(chunk.text)
-        seed = chunk.seed if index == 0 and chunk.seed is not None else seed  # choice 0's first chunk has it
-        if chunk.finish_reason:
-            finished[index] = chunk
-            if len(finished) == n:
-                choices = [("".join(texts[i]), finished[i].finish_reason) for i in range(n)]
-                return writer.full(choices, summed_usage([finished[i].usage for i in range(n)]), seed)
-    raise AssertionError("the pipeline ended without a finish_reason")
+    choices = await _until_disconnected(request, collect(chunks))
+    usage = total_usage([choice.usage for choice in choices])
+    seed = choices[0].seed  # sample 0's: with the same n and best_of it reproduces every sample
+    if ranked:
+        choices = best(choices, n, keep_logprobs=generation.logprobs is not None)
+    return JSONResponse(writer.full(choices, usage, seed))
 
 
 async def _events(first: tuple[int, TextChunk], chunks: AsyncIterator[tuple[int, TextChunk]],
-                  writer: responses.ResponseWriter, include_usage: bool, n: int) -> AsyncIterator[bytes]:
+                  writer: responses.ResponseWriter, include_usage: bool) -> AsyncIterator[bytes]:
     """The SSE stream; a disconnecting client cancels this task, which closes `chunks`."""
-    usages: dict[int, object] = {}
     try:
+        usages = []
         index, chunk = first
         while True:
-            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, index, chunk.seed))
+            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs, index,
+                                             chunk.seed))
             if chunk.finish_reason:
-                usages[index] = chunk.usage
-                if len(usages) == n:
-                    if include_usage:
-                        yield responses.sse(writer.usage_chunk(summed_usage([usages[i] for i in range(n)])))
-                    break
-            index, chunk = await anext(chunks)
+                usages.append(chunk.usage)
+            try:
+                index, chunk = await anext(chunks)
+            except StopAsyncIteration:  # every choice has finished
+                break
+        if include_usage:
+            yield responses.sse(writer.usage_chunk(total_usage(usages)))
     except UpstreamError as error:
         _status, error_type = responses.status_for(error.code)
         yield responses.sse(responses.error_body(error.message, error_type))

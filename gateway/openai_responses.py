@@ -8,7 +8,9 @@ from typing import Any
 
 import grpc
 
-from gateway.request import Usage
+from gateway.choices import Choice
+from gateway.openai_logprobs import chat_logprobs, completion_logprobs
+from gateway.request import SentLogprobs, Usage
 
 # How a grpc status reads over HTTP.
 HTTP_STATUS = {
@@ -58,8 +60,8 @@ class ResponseWriter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
-        self._sent_role: set[int] = set()  # choices whose role went out
-        self._sent_seed = False
+        self._sent_role: set[int] = set()  # choices whose first chat delta (with the role) went out
+        self._sent_seed = False  # whether choice 0's first chunk (with the seed) went out
 
     def _envelope(self, object_name: str, choices: list, usage: Usage | None) -> dict[str, Any]:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
@@ -67,18 +69,18 @@ class ResponseWriter:
         body["usage"] = usage_body(usage) if usage is not None else None
         return body
 
-    def full(self, choices: list[tuple[str, str]], usage: Usage, seed: int | None = None) -> dict[str, Any]:
-        """The non-streaming response: (text, finish_reason) per choice, in index order."""
+    def full(self, choices: list[Choice], usage: Usage, seed: int | None = None) -> dict[str, Any]:
+        """The non-streaming response; a choice's logprobs are None where the request did not ask."""
         if self.chat:
-            bodies = [{"index": i, "message": {"role": "assistant", "content": text},
-                       "finish_reason": finish_reason, "logprobs": None}
-                      for i, (text, finish_reason) in enumerate(choices)]
+            bodies = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                       "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.logprobs)} for c in choices]
             return self._envelope("chat.completion", bodies, usage) | {"seed": seed}
-        bodies = [{"index": i, "text": text, "finish_reason": finish_reason, "logprobs": None}
-                  for i, (text, finish_reason) in enumerate(choices)]
+        bodies = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                   "logprobs": self._logprobs(c.logprobs)} for c in choices]
         return self._envelope("text_completion", bodies, usage) | {"seed": seed}
 
-    def chunk(self, text: str, finish_reason: str | None, index: int = 0, seed: int | None = None) -> dict[str, Any]:
+    def chunk(self, text: str, finish_reason: str | None, logprobs: list[SentLogprobs] | None = None,
+              index: int = 0, seed: int | None = None) -> dict[str, Any]:
         """One streamed delta of choice `index` (usage travels in its own final chunk, see usage_chunk); choice
         0's first one carries the seed."""
         if self.chat:
@@ -86,15 +88,21 @@ class ResponseWriter:
             if index not in self._sent_role:  # each choice's first delta names the role
                 delta["role"] = "assistant"
                 self._sent_role.add(index)
-            choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
+                      "logprobs": self._logprobs(logprobs)}
             return self._with_seed(self._envelope("chat.completion.chunk", [choice], None), index, seed)
-        choice = {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
         return self._with_seed(self._envelope("text_completion", [choice], None), index, seed)
 
     def _with_seed(self, body: dict[str, Any], index: int, seed: int | None) -> dict[str, Any]:
         if index == 0 and not self._sent_seed:
             body["seed"], self._sent_seed = seed, True
         return body
+
+    def _logprobs(self, entries: list[SentLogprobs] | None) -> dict[str, Any] | None:
+        if entries is None:
+            return None
+        return chat_logprobs(entries) if self.chat else completion_logprobs(entries)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The last chunk when stream_options.include_usage: no choices, the request's usage."""

@@ -33,11 +33,13 @@ class _SamplingBody(_Strict):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: int | None = None  # choices to return (gateway/choices.py)
+    best_of: int | None = None  # samples to choose them from, by cumulative logprob
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     num_speculative_tokens: int | None = None  # specd extension: 0 = speculation off
+    logprobs_mode: str | None = None  # specd extension: "raw" (default) or "processed"
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # specd extension (as vLLM's): Hugging Face's repetition penalty
@@ -49,15 +51,21 @@ class _SamplingBody(_Strict):
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
                     ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens,
+                    logprobs_mode=self.logprobs_mode,
                     presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                     repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias)
 
-    @property
-    def num_choices(self) -> int:
-        """`n`, checked: choices to generate (gateway/choices.py)."""
-        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
-            raise RequestError("n", f"must be in [1, {MAX_CHOICES}], got {self.n}")
-        return self.n or 1
+    def choices(self) -> tuple[int, int]:
+        """(n, best_of): how many choices to return, and how many samples to choose them from."""
+        n = 1 if self.n is None else self.n
+        if not 1 <= n <= MAX_CHOICES:
+            raise RequestError("n", f"must be in [1, {MAX_CHOICES}], got {n}")
+        best_of = n if self.best_of is None else self.best_of
+        if not n <= best_of <= MAX_CHOICES:
+            raise RequestError("best_of", f"must be in [n, {MAX_CHOICES}] (n = {n}), got {best_of}")
+        if best_of > n and self.stream:
+            raise RequestError("best_of", "cannot be used with stream: the best choices are known only at the end")
+        return n, best_of
 
     @property
     def include_usage(self) -> bool:
@@ -68,6 +76,7 @@ class CompletionBody(_SamplingBody):
     """POST /v1/completions: one prompt, as text or token ids."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | bool | None = None  # N most likely tokens per position; false (what some SDKs send) = none
 
     def request_fields(self) -> RequestFields:
         prompt = self.prompt
@@ -76,6 +85,10 @@ class CompletionBody(_SamplingBody):
                 raise RequestError("prompt", "batches of prompts are not supported; send one prompt")
             prompt = prompt[0]
         fields = self.sampling_fields()
+        if self.logprobs is True:
+            raise RequestError("logprobs", "must be an integer (how many of the most likely tokens to list), "
+                                           "not true")
+        fields["logprobs"] = None if self.logprobs is False else self.logprobs
         defaults = dict(default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
                         client_names={"prompt_token_ids": "prompt"})
         if isinstance(prompt, str):
@@ -106,10 +119,15 @@ class ChatCompletionBody(_SamplingBody):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # the current OpenAI name of max_tokens; wins over it
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # with logprobs: how many of the most likely tokens to list, 0..20
 
     def request_fields(self) -> RequestFields:
         fields = self.sampling_fields()
-        names = {}
+        names = {"logprobs": "top_logprobs"}  # the range error is about top_logprobs
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs", "needs logprobs: true")
+        fields["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         if self.max_completion_tokens is not None:
             fields["max_tokens"], names["max_tokens"] = self.max_completion_tokens, "max_completion_tokens"
         return RequestFields(messages=[m.for_template() for m in self.messages], client_names=names, **fields)

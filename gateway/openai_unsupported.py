@@ -1,7 +1,7 @@
 """OpenAI parameters that specd does not implement: refused naming them, never silently ignored.
 
-A client may still send one at the value that asks for nothing (`"logprobs": false`,
-`"best_of": 1`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
+A client may still send one at the value that asks for nothing (`"echo": false`,
+`"suffix": ""`, `"tools": []`): SDKs and frameworks often do, and the answer is the same.
 """
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ from gateway.validation import RequestError
 
 # parameter -> the values that ask for nothing (None, i.e. JSON null, always does)
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "echo": (False,),
-    "best_of": (1,),
     "suffix": ("",),
     "response_format": ({"type": "text"},),
     "tools": ([],),

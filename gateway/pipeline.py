@@ -14,11 +14,13 @@ from contextlib import aclosing
 import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
+from gateway.logprobs import LogprobsAligner
 from gateway.metrics import GatewayMetrics
 from gateway.request import GenerationRequest, TextChunk, Usage, VerifierChunk
-from gateway.router import Router, UpstreamError
+from gateway.router import ReplicaPin, Router, UpstreamError
 from gateway.stats import RequestStats
 from gateway.stop import StopStringMatcher
+from gateway.token_text import TokenTexts
 from gateway.tokenizer import Tokenizer
 from gateway.validation import RequestFields, validate, validate_model_name
 from specd.serving import MAX_MESSAGE_BYTES
@@ -37,6 +39,7 @@ class Pipeline:
                  model_max_len: int, model_name: str, log_requests: bool = False) -> None:
         """`model_max_len` is the context length used until a verifier reports its own."""
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)  # for logprobs
         self.router = router
         self.metrics = metrics
         self._model_max_len = model_max_len
@@ -72,18 +75,20 @@ class Pipeline:
         validate_model_name(model, self.served_model_names)
 
     async def generate(self, request: GenerationRequest, deadline: float | None = None,
-                       ) -> AsyncIterator[TextChunk]:
-        """Text chunks for `request`; the last has finish_reason and usage.
+                       pin: ReplicaPin | None = None) -> AsyncIterator[TextChunk]:
+        """Text chunks for `request`; the last has finish_reason and usage. Requests with the same `pin` go to
+        the same verifier replica (router.py).
 
         Raises UpstreamError when no verifier can serve it. Closing the iterator early cancels the
         verifier call.
         """
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids))
-        run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats)
+        logprobs = LogprobsAligner(self.token_texts) if request.logprobs is not None else None
+        run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats, logprobs)
         request_id = uuid.uuid4().hex
         seed_reported = False
         try:
-            async with aclosing(self.router.generate(request_id, request, deadline)) as chunks:
+            async with aclosing(self.router.generate(request_id, request, deadline, pin)) as chunks:
                 stats.dispatched()
                 async for chunk in chunks:
                     out = run.step(chunk)
@@ -124,9 +129,10 @@ class _Run:
     """The per-request state that turns verifier steps into client text."""
 
     def __init__(self, request: GenerationRequest, detokenizer: IncrementalDetokenizer,
-                 stats: RequestStats) -> None:
+                 stats: RequestStats, logprobs: LogprobsAligner | None = None) -> None:
         self.request = request
         self.detokenizer = detokenizer
+        self.logprobs = logprobs  # None: the request did not ask
         self.stop = StopStringMatcher(request.stop)
         self.stats = stats
         self.usage = Usage(len(request.prompt_token_ids), 0, 0, 0, 0)  # the verifier's counts so far
@@ -142,11 +148,20 @@ class _Run:
         self.stats.tokens_arrived(len(chunk.token_ids))
         self.seed = chunk.seed if chunk.seed is not None else self.seed
         self.usage = chunk.usage or self.usage
-        text = self.stop.feed(self.detokenizer.add(chunk.token_ids))
+        pieces = self.detokenizer.pieces(chunk.token_ids)
+        text = self.stop.feed("".join(pieces))
+        if self.logprobs is not None:
+            self.logprobs.add(pieces, chunk.logprobs)
         ids = list(chunk.token_ids)
         if self.stop.stopped:
             # The gateway ends the request itself: the verifier's counts so far are its totals.
-            return TextChunk(text, ids, "stop", self.usage)
+            return TextChunk(text, ids, "stop", self.usage, self._logprobs_sent(text, stopped=True))
         if chunk.finish_reason:
-            return TextChunk(text + self.stop.flush(), ids, chunk.finish_reason, self.usage)
-        return TextChunk(text, ids)
+            text += self.stop.flush()
+            return TextChunk(text, ids, chunk.finish_reason, self.usage, self._logprobs_sent(text, finished=True))
+        return TextChunk(text, ids, logprobs=self._logprobs_sent(text))
+
+    def _logprobs_sent(self, text: str, finished: bool = False, stopped: bool = False) -> list | None:
+        if self.logprobs is None:
+            return None
+        return self.logprobs.sent(text, finished=finished or stopped, stopped=stopped)

@@ -25,6 +25,8 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     num_speculative_tokens: int | None = None  # None = the verifier's default; 0 = speculation off
     tenant_key: str = ""  # who it is for (gateway/tenant.py): the drafter's per-key memory scope
+    logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
+    logprobs_mode: str = "raw"  # "raw" (the model's distribution) or "processed" (the one sampled from)
     # Generated tokens the prompt ends with: set only when a stream is resumed on another verifier
     # (gateway/resume.py), never by a client.
     output_position_offset: int = 0
@@ -51,13 +53,42 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's logprob and the most likely tokens at its position, as a verifier sends them."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class VerifierChunk:
     """One message of a verifier stream: the tokens accepted in one step; the last one finishes it."""
 
     token_ids: tuple[int, ...]
     finish_reason: str = ""  # "" until the last message
     usage: Usage | None = None  # on the last message only
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token when the request asked for logprobs
     seed: int | None = None  # the seed the request samples with, on the first message (None: greedy, unseeded)
+
+
+@dataclass(frozen=True)
+class TokenCandidate:
+    """A token with its logprob and its text, as clients see it."""
+
+    token_id: int
+    logprob: float
+    text: str  # a part of a character reads as U+FFFD here ...
+    utf8: bytes  # ... and exactly here
+
+
+@dataclass(frozen=True)
+class SentLogprobs:
+    """The logprobs of a token whose text has been sent: the token and the most likely ones at its position."""
+
+    chosen: TokenCandidate
+    top: tuple[TokenCandidate, ...]
+    text_offset: int  # where its text starts in the generated text (characters)
 
 
 @dataclass
@@ -68,6 +99,7 @@ class TextChunk:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = ""
     usage: Usage | None = None
+    logprobs: list[SentLogprobs] | None = None  # the tokens whose text this chunk sends; None: not asked
     seed: int | None = None  # on the first message: the seed that reproduces the text (None: greedy, unseeded)
 
 

@@ -85,6 +85,14 @@ class Replica:
         self.healthy = healthy
 
 
+class ReplicaPin:
+    """Keeps calls that share a prompt on the replica the first one went to (the `n` samples of one prompt:
+    the later ones find its KV blocks in that replica's prefix cache), while it is healthy."""
+
+    def __init__(self) -> None:
+        self.replica: Replica | None = None
+
+
 class Router:
     """Spreads requests over verifier replicas; `start()` before use, `close()` at shutdown."""
 
@@ -125,8 +133,11 @@ class Router:
         lengths = [r.load.max_model_len for r in self.replicas if r.load.max_model_len > 0]
         return min(lengths) if lengths else None
 
-    def pick(self, exclude: set[Replica] = frozenset()) -> Replica | None:
-        """The least-loaded healthy replica not in `exclude`; an unhealthy one only when no healthy one is left."""
+    def pick(self, exclude: set[Replica] = frozenset(), prefer: Replica | None = None) -> Replica | None:
+        """The least-loaded healthy replica not in `exclude` (`prefer` when it is healthy and not excluded);
+        an unhealthy one only when no healthy one is left."""
+        if prefer is not None and prefer.healthy and prefer not in exclude:
+            return prefer
         candidates = [r for r in self.replicas if r not in exclude]
         healthy = [r for r in candidates if r.healthy]
         pool = healthy or candidates
@@ -136,9 +147,10 @@ class Router:
         rotated = pool[start:] + pool[:start]  # equal scores alternate between replicas
         return min(rotated, key=Replica.score)
 
-    async def generate(self, request_id: str, request: GenerationRequest,
-                       deadline: float | None = None) -> AsyncIterator[VerifierChunk]:
-        """The verifier's steps for `request`; `deadline` is an event-loop time (None = none).
+    async def generate(self, request_id: str, request: GenerationRequest, deadline: float | None = None,
+                       pin: ReplicaPin | None = None) -> AsyncIterator[VerifierChunk]:
+        """The verifier's steps for `request`; `deadline` is an event-loop time (None = none); calls with the
+        same `pin` go where its first one went.
 
         Close the iterator (e.g. `contextlib.aclosing`) to cancel the downstream call early.
         """
@@ -147,9 +159,11 @@ class Router:
         tried: set[Replica] = set()
         last_error = UpstreamError(grpc.StatusCode.UNAVAILABLE, "no verifier replica could take the request")
         while True:
-            replica = self.pick(exclude=tried)
+            replica = self.pick(exclude=tried, prefer=pin.replica if pin is not None else None)
             if replica is None:
                 raise last_error
+            if pin is not None and pin.replica is None:
+                pin.replica = replica
             tried.add(replica)
             try:
                 async for chunk in self._call(replica, message, deadline):

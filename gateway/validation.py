@@ -39,6 +39,8 @@ class RequestFields:
     stop: list[str] | None = None
     ignore_eos: bool = False
     num_speculative_tokens: int | None = None
+    logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
+    logprobs_mode: str | None = None  # "raw" (None) or "processed"
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -53,6 +55,8 @@ class RequestFields:
 
 
 INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
+MAX_LOGPROBS = 20  # most likely tokens per position a request may ask for (the verifier's limit too)
+LOGPROBS_MODES = ("raw", "processed")
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap (the verifier's is the same)
 
 
@@ -80,6 +84,8 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
         ignore_eos=bool(fields.ignore_eos),
         stop_token_ids=tokenizer.eos_token_ids,
         num_speculative_tokens=_num_speculative_tokens(fields.num_speculative_tokens),
+        logprobs=_logprobs(fields.logprobs, fields.name("logprobs")),
+        logprobs_mode=_logprobs_mode(fields.logprobs_mode),
         presence_penalty=_penalty(fields.presence_penalty, "presence_penalty"),
         frequency_penalty=_penalty(fields.frequency_penalty, "frequency_penalty"),
         repetition_penalty=_repetition_penalty(fields.repetition_penalty),
@@ -216,6 +222,19 @@ def _seed(value: int | None) -> int | None:
 def _num_speculative_tokens(value: int | None) -> int | None:
     _require(value is None or 0 <= value <= INT32_MAX, "num_speculative_tokens",
              f"must be in [0, {INT32_MAX}] (0 turns speculation off), got {value}")
+    return value
+
+
+def _logprobs(value: int | None, field_name: str) -> int | None:
+    _require(value is None or 0 <= value <= MAX_LOGPROBS, field_name,
+             f"must be in [0, {MAX_LOGPROBS}], got {value}")
+    return value
+
+
+def _logprobs_mode(value: str | None) -> str:
+    if value is None:
+        return "raw"
+    _require(value in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {value[:40]!r}")
     return value
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from specd.v1 import common_pb2, verifier_pb2
-from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage
+from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage, TokenLogprobs
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 
 MAX_TENANT_KEY_BYTES = 128  # the gateway sends 32 hex digits; the drafter refuses longer keys
+# The wire's logprobs modes by the engine's names; an unknown number is refused by SamplingParams, naming the field.
+_LOGPROBS_MODES = {common_pb2.TOKEN_LOGPROBS_MODE_RAW: "raw", common_pb2.TOKEN_LOGPROBS_MODE_PROCESSED: "processed"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
         stop_token_ids=tuple(sampling.stop_token_ids),
         num_speculative_tokens=(sampling.num_speculative_tokens
                                 if sampling.HasField("num_speculative_tokens") else None),
+        logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
+        logprobs_mode=_LOGPROBS_MODES.get(sampling.logprobs_mode, str(sampling.logprobs_mode)),
         output_position_offset=sampling.output_position_offset,
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
@@ -73,11 +77,19 @@ def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.
     """One step's tokens and the usage so far; the seed on the first message, the finish reason on the last."""
     response = verifier_pb2.VerifierGenerateResponse(token_ids=output.new_token_ids,
                                                      usage=usage_to_proto(output.usage))
+    if output.logprobs is not None:
+        response.logprobs.extend(token_logprobs_to_proto(entry) for entry in output.logprobs)
     if first and output.seed is not None:
         response.seed = output.seed
     if output.finished:
         response.finish_reason = output.finish_reason.value
     return response
+
+
+def token_logprobs_to_proto(entry: TokenLogprobs) -> common_pb2.TokenLogprobs:
+    top = [common_pb2.TokenLogprob(token_id=token_id, logprob=logprob) for token_id, logprob in entry.top]
+    return common_pb2.TokenLogprobs(chosen=common_pb2.TokenLogprob(token_id=entry.token_id, logprob=entry.logprob),
+                                    top=top)
 
 
 def usage_to_proto(usage: RequestUsage) -> common_pb2.Usage:

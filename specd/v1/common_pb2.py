@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15specd/v1/common.proto\x12\x08specd.v1\"\x8d\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12#\n\x16num_speculative_tokens\x18\t \x01(\rH\x03\x88\x01\x01\x12\x1e\n\x16output_position_offset\x18\x10 \x01(\r\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x04\x88\x01\x01\x12;\n\nlogit_bias\x18\r \x03(\x0b\x32\'.specd.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x08\n\x06_top_pB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokensB\x15\n\x13_repetition_penalty\"\x97\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x1e\n\x16num_speculative_tokens\x18\x06 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15specd/v1/common.proto\x12\x08specd.v1\"\xe5\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12#\n\x16num_speculative_tokens\x18\t \x01(\rH\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x04\x88\x01\x01\x12;\n\nlogit_bias\x18\r \x03(\x0b\x32\'.specd.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x05\x88\x01\x01\x12\x32\n\rlogprobs_mode\x18\x0f \x01(\x0e\x32\x1b.specd.v1.TokenLogprobsMode\x12\x1e\n\x16output_position_offset\x18\x10 \x01(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x08\n\x06_top_pB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokensB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobs\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x04 \x01(\x0c\"\\\n\rTokenLogprobs\x12&\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x16.specd.v1.TokenLogprob\x12#\n\x03top\x18\x02 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\"\x97\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x1e\n\x16num_speculative_tokens\x18\x06 \x01(\r*S\n\x11TokenLogprobsMode\x12\x1b\n\x17TOKEN_LOGPROBS_MODE_RAW\x10\x00\x12!\n\x1dTOKEN_LOGPROBS_MODE_PROCESSED\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_TOKENLOGPROBSMODE']._serialized_start=986
+  _globals['_TOKENLOGPROBSMODE']._serialized_end=1069
   _globals['_SAMPLINGPARAMS']._serialized_start=36
-  _globals['_SAMPLINGPARAMS']._serialized_end=561
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=429
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=477
-  _globals['_USAGE']._serialized_start=564
-  _globals['_USAGE']._serialized_end=715
+  _globals['_SAMPLINGPARAMS']._serialized_end=649
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=504
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=552
+  _globals['_TOKENLOGPROB']._serialized_start=651
+  _globals['_TOKENLOGPROB']._serialized_end=736
+  _globals['_TOKENLOGPROBS']._serialized_start=738
+  _globals['_TOKENLOGPROBS']._serialized_end=830
+  _globals['_USAGE']._serialized_start=833
+  _globals['_USAGE']._serialized_end=984
 # @@protoc_insertion_point(module_scope)

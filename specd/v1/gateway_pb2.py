@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specd.v1 import common_pb2 as specd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specd/v1/gateway.proto\x12\x08specd.v1\x1a\x15specd/v1/common.proto\"\xc2\x04\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x17\n\nmax_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x06 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12#\n\x16num_speculative_tokens\x18\n \x01(\x05H\x05\x88\x01\x01\x12\x12\n\x05min_p\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0e \x01(\x02H\x07\x88\x01\x01\x12<\n\nlogit_bias\x18\x0f \x03(\x0b\x32(.specd.v1.GenerateRequest.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokensB\x08\n\x06_min_pB\x15\n\x13_repetition_penalty\"\x86\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed2N\n\x07Gateway\x12\x43\n\x08Generate\x12\x19.specd.v1.GenerateRequest\x1a\x1a.specd.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specd/v1/gateway.proto\x12\x08specd.v1\x1a\x15specd/v1/common.proto\"\x9a\x05\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x17\n\nmax_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x06 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12#\n\x16num_speculative_tokens\x18\n \x01(\x05H\x05\x88\x01\x01\x12\x12\n\x05min_p\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0e \x01(\x02H\x07\x88\x01\x01\x12<\n\nlogit_bias\x18\x0f \x03(\x0b\x32(.specd.v1.GenerateRequest.LogitBiasEntry\x12\x15\n\x08logprobs\x18\x10 \x01(\x05H\x08\x88\x01\x01\x12\x32\n\rlogprobs_mode\x18\x11 \x01(\x0e\x32\x1b.specd.v1.TokenLogprobsMode\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokensB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobs\"\xb1\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12)\n\x08logprobs\x18\x06 \x03(\x0b\x32\x17.specd.v1.TokenLogprobsB\x07\n\x05_seed2N\n\x07Gateway\x12\x43\n\x08Generate\x12\x19.specd.v1.GenerateRequest\x1a\x1a.specd.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=60
-  _globals['_GENERATEREQUEST']._serialized_end=638
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=470
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=518
-  _globals['_GENERATERESPONSE']._serialized_start=641
-  _globals['_GENERATERESPONSE']._serialized_end=775
-  _globals['_GATEWAY']._serialized_start=777
-  _globals['_GATEWAY']._serialized_end=855
+  _globals['_GENERATEREQUEST']._serialized_end=726
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=545
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=593
+  _globals['_GENERATERESPONSE']._serialized_start=729
+  _globals['_GENERATERESPONSE']._serialized_end=906
+  _globals['_GATEWAY']._serialized_start=908
+  _globals['_GATEWAY']._serialized_end=986
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specd.v1 import common_pb2 as specd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specd/v1/verifier.proto\x12\x08specd.v1\x1a\x15specd/v1/common.proto\"\x87\x01\n\x17VerifierGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x12\n\ntenant_key\x18\x04 \x01(\t\"\x80\x01\n\x18VerifierGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x1e\n\x05usage\x18\x03 \x01(\x0b\x32\x0f.specd.v1.Usage\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x10\n\x0eGetLoadRequest\"\xa7\x01\n\nLoadReport\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fnum_used_blocks\x18\x04 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x05 \x01(\r\x12\r\n\x05model\x18\x06 \x01(\t\x12\x15\n\rmax_model_len\x18\x07 \x01(\r2\x9a\x01\n\x08Verifier\x12S\n\x08Generate\x12!.specd.v1.VerifierGenerateRequest\x1a\".specd.v1.VerifierGenerateResponse0\x01\x12\x39\n\x07GetLoad\x12\x18.specd.v1.GetLoadRequest\x1a\x14.specd.v1.LoadReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specd/v1/verifier.proto\x12\x08specd.v1\x1a\x15specd/v1/common.proto\"\x87\x01\n\x17VerifierGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x12\n\ntenant_key\x18\x04 \x01(\t\"\xab\x01\n\x18VerifierGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x1e\n\x05usage\x18\x03 \x01(\x0b\x32\x0f.specd.v1.Usage\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.specd.v1.TokenLogprobsB\x07\n\x05_seed\"\x10\n\x0eGetLoadRequest\"\xa7\x01\n\nLoadReport\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fnum_used_blocks\x18\x04 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x05 \x01(\r\x12\r\n\x05model\x18\x06 \x01(\t\x12\x15\n\rmax_model_len\x18\x07 \x01(\r2\x9a\x01\n\x08Verifier\x12S\n\x08Generate\x12!.specd.v1.VerifierGenerateRequest\x1a\".specd.v1.VerifierGenerateResponse0\x01\x12\x39\n\x07GetLoad\x12\x18.specd.v1.GetLoadRequest\x1a\x14.specd.v1.LoadReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFIERGENERATEREQUEST']._serialized_start=61
   _globals['_VERIFIERGENERATEREQUEST']._serialized_end=196
   _globals['_VERIFIERGENERATERESPONSE']._serialized_start=199
-  _globals['_VERIFIERGENERATERESPONSE']._serialized_end=327
-  _globals['_GETLOADREQUEST']._serialized_start=329
-  _globals['_GETLOADREQUEST']._serialized_end=345
-  _globals['_LOADREPORT']._serialized_start=348
-  _globals['_LOADREPORT']._serialized_end=515
-  _globals['_VERIFIER']._serialized_start=518
-  _globals['_VERIFIER']._serialized_end=672
+  _globals['_VERIFIERGENERATERESPONSE']._serialized_end=370
+  _globals['_GETLOADREQUEST']._serialized_start=372
+  _globals['_GETLOADREQUEST']._serialized_end=388
+  _globals['_LOADREPORT']._serialized_start=391
+  _globals['_LOADREPORT']._serialized_end=558
+  _globals['_VERIFIER']._serialized_start=561
+  _globals['_VERIFIER']._serialized_end=715
 # @@protoc_insertion_point(module_scope)

@@ -99,6 +99,8 @@ async def test_responses_report_the_seed_the_request_sampled_with(client, stack,
     assert (await client.post(path, json=body | {"temperature": 0})).json()["seed"] is None
     chunks = sse_events((await client.post(path, json=body | {"seed": 12, "stream": True})).text)[:-1]
     assert chunks[0]["seed"] == 12 and len(chunks) > 1 and all("seed" not in c for c in chunks[1:])
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 async def test_penalties_and_logit_bias_reach_the_verifier(client, stack, path):
     prompt = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}

@@ -99,8 +99,7 @@ async def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_it(client, stack):
     assert stack.errors_counted("INVALID_ARGUMENT") == before + 1
 
 
-UNSUPPORTED = [("logprobs", True), ("logprobs", 2), ("top_logprobs", 3), ("echo", True), ("best_of", 2),
-               ("suffix", "end"), ("response_format", {"type": "json_object"}),
+UNSUPPORTED = [("echo", True), ("suffix", "end"), ("response_format", {"type": "json_object"}),
                ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
                ("max_token", 5)]
 

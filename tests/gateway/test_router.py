@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from gateway.request import GenerationRequest
-from gateway.router import Router, UpstreamError
+from gateway.router import ReplicaPin, Router, UpstreamError
 from support.scripted_verifier import ScriptedVerifier
 
 # Fixtures live on the session loop (pyproject), so the tests must too: grpc.aio binds to one loop.
@@ -221,3 +221,14 @@ async def test_when_every_replica_is_full_the_last_error_is_reported(router, rep
         await collect(router)
     assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert len(replicas[0].requests) == len(replicas[1].requests) == 1
+
+
+async def test_pinned_requests_follow_the_first_to_its_replica(router, replicas):
+    """The samples of one prompt (n > 1) go where the first went, so its KV blocks are in that prefix cache,
+    even while that replica is the busier one."""
+    pin = ReplicaPin()
+    first = router.generate("s0", REQUEST, pin=pin)
+    await anext(first)  # the first sample is running
+    others = [[chunk async for chunk in router.generate(f"s{i}", REQUEST, pin=pin)] for i in (1, 2, 3)]
+    await first.aclose()
+    assert len(others) == 3 and sorted(len(r.requests) for r in replicas) == [0, 4]

@@ -29,6 +29,7 @@ GRPC_FIELDS = st.fixed_dictionaries({"max_tokens": MAX_TOKENS}, optional={
     "prompt": TEXT, "prompt_token_ids": TOKEN_IDS, "temperature": FLOAT, "top_p": FLOAT,
     "top_k": INT32, "min_p": FLOAT, "seed": st.integers(-2**63, 2**63 - 1),
     "stop": st.lists(TEXT, max_size=3), "ignore_eos": st.booleans(), "num_speculative_tokens": INT32,
+    "logprobs": st.one_of(st.integers(-2, 22), INT32), "logprobs_mode": st.integers(-1, 3),
 })
 
 JSON_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
@@ -42,6 +43,8 @@ HTTP_BODY = st.fixed_dictionaries({"max_tokens": st.one_of(MAX_TOKENS, JSON_VALU
     "stop": st.one_of(TEXT, st.lists(TEXT, max_size=3), JSON_VALUE), "stream": st.booleans(),
     "n": JSON_VALUE, "num_speculative_tokens": st.one_of(INT32, JSON_VALUE),
     "stream_options": JSON_VALUE, "messages": JSON_VALUE,
+    "logprobs": st.one_of(st.integers(-2, 22), JSON_VALUE), "top_logprobs": st.one_of(st.integers(-2, 22), JSON_VALUE),
+    "logprobs_mode": st.one_of(st.sampled_from(["raw", "processed"]), JSON_VALUE),
 })
 
 

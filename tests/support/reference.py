@@ -3,7 +3,8 @@
 `hf_greedy` runs `generate(do_sample=False)` in float32 on the CPU, one prompt at a time (no padding
 to perturb the numerics). Each result is stored under ${SPECD_TEST_CACHE:-$TMPDIR/specd-test-cache},
 keyed by the model (folder, config and weight files' sizes and times), the prompt ids, the length and
-the EOS choice, so the slow reference runs once per CI run however many tests share it.
+the EOS choice, so the slow reference runs once per CI run however many tests share it. `hf_logits` is
+one forward of the same model over a whole sequence, the reference for logprobs.
 """
 from __future__ import annotations
 
@@ -72,3 +73,11 @@ def hf_greedy(model_dir: str | Path, prompts_token_ids: list[list[int]], max_new
         partial.replace(path)  # atomic: parallel test processes never read half a file
         results.append(tokens)
     return results
+
+
+def hf_logits(model_dir: str | Path, token_ids: list[int]):
+    """transformers' float32 logits [len(token_ids), vocab] of one sequence (row i predicts token i + 1)."""
+    import torch
+
+    with torch.inference_mode():
+        return _load(str(Path(model_dir)))(torch.tensor([list(token_ids)])).logits[0].float()

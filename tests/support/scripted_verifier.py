@@ -1,8 +1,9 @@
 """A minimal real specd.v1.Verifier server for gateway routing tests: it streams scripted tokens.
 
 It runs a real grpc.aio server on loopback (health, reflection and all, via specd.serving) but no
-model: each Generate streams `tokens` a few per step, and reports the request's seed on the first message
-as the real verifier does (`drawn_seed` for a sampled request without one). It records what reached it (requests, their
+model: each Generate streams `tokens` a few per step (with made-up logprobs when asked, scripted_logprobs),
+and reports the request's seed on the first message as the real verifier does (`drawn_seed` for a sampled
+request without one). It records what reached it (requests, their
 deadlines, cancellations) so tests can check routing, failover and cancel propagation. End-to-end
 tests with the real verifier live in tests/e2e/.
 """
@@ -80,12 +81,25 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
                                      completion_tokens=len(tokens), draft_tokens=2 * len(steps),
                                      accepted_tokens=len(tokens) - len(steps), steps=len(steps),
                                      num_speculative_tokens=min(asked_k, 8) if asked_k is not None else 4)
+            first = index * self.tokens_per_step
+            logprobs_seed = sampling.seed if sampling.HasField("seed") else 0
+            logprobs = ([scripted_logprobs(first + i, token, sampling.logprobs, logprobs_seed)
+                         for i, token in enumerate(step)] if sampling.HasField("logprobs") else None)
             yield verifier_pb2.VerifierGenerateResponse(
                 token_ids=step, finish_reason=finish_reason if last else "", usage=usage if last else None,
-                seed=seed if index == 0 else None)
+                logprobs=logprobs, seed=seed if index == 0 else None)
             await asyncio.sleep(0)  # let cancellations in between steps, as a real engine would
 
     async def GetLoad(self, request, context):
         return verifier_pb2.LoadReport(num_running=self.live + self.reported_running, num_waiting=0,
                                        kv_cache_usage=0.0, model=self.model,
                                        max_model_len=self.max_model_len)
+
+
+def scripted_logprobs(position: int, token_id: int, num_top: int, seed: int = 0) -> common_pb2.TokenLogprobs:
+    """The logprobs the scripted verifier reports for output position `position`: the token is the most likely
+    one at -(position + 1) / 8 - (seed % 4) / 4, then made-up ids 1000, 1001, ... one nat apart."""
+    logprob = -(position + 1) / 8 - (seed % 4) / 4
+    top = [(token_id, logprob)] + [(1000 + j, logprob - j - 1) for j in range(num_top - 1)]
+    return common_pb2.TokenLogprobs(chosen=common_pb2.TokenLogprob(token_id=token_id, logprob=logprob),
+                                    top=[common_pb2.TokenLogprob(token_id=t, logprob=v) for t, v in top[:num_top]])

@@ -4,7 +4,7 @@ import pytest
 
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.convert import ModelLimits, output_to_proto, request_from_proto, sampling_from_proto
-from verifier_service.engine.outputs import RequestOutput, RequestUsage
+from verifier_service.engine.outputs import RequestOutput, RequestUsage, TokenLogprobs
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
@@ -30,6 +30,31 @@ def test_top_p_is_checked_in_float32():
     assert SamplingParams(temperature=1.0, top_p=1e-30).top_p == 1e-30  # a normal float32
 
 
+def test_logprobs_unset_is_none_and_zero_is_the_token_alone():
+    def read(**fields) -> SamplingParams:
+        return sampling_from_proto(common_pb2.SamplingParams(**fields), prompt_len=4, limits=LIMITS)
+
+    assert read().logprobs is None and read().logprobs_mode == "raw"
+    assert read(logprobs=0).logprobs == 0
+    assert read(logprobs=20, logprobs_mode=common_pb2.TOKEN_LOGPROBS_MODE_PROCESSED).logprobs_mode == "processed"
+
+
+@pytest.mark.parametrize("fields, name", [(dict(logprobs=21), "logprobs"), (dict(logprobs_mode=7), "logprobs_mode")])
+def test_bad_logprobs_fields_are_refused_naming_them(fields, name):
+    with pytest.raises(InvalidParameter) as error:
+        sampling_from_proto(common_pb2.SamplingParams(**fields), prompt_len=4, limits=LIMITS)
+    assert error.value.field == name
+
+
+def test_an_output_with_logprobs_carries_one_entry_per_token():
+    usage = RequestUsage(1, 2, 0, 0, 1)
+    entries = [TokenLogprobs(7, -0.5, ((7, -0.5), (3, -1.5))), TokenLogprobs(9, -2.0, ((4, -1.0),))]
+    message = output_to_proto(RequestOutput("r", [7, 9], None, usage, entries))
+    assert [(e.chosen.token_id, e.chosen.logprob, [(t.token_id, t.logprob) for t in e.top])
+            for e in message.logprobs] == [(7, -0.5, [(7, -0.5), (3, -1.5)]), (9, -2.0, [(4, -1.0)])]
+    assert not output_to_proto(RequestOutput("r", [7], None, usage)).logprobs
+
+
 def test_a_resumed_stream_says_how_many_prompt_tokens_were_generated():
     sampling = common_pb2.SamplingParams(temperature=1.0, seed=3, output_position_offset=2)
     request = verifier_pb2.VerifierGenerateRequest(request_id="r", prompt_token_ids=[5, 6, 7], sampling=sampling)
@@ -45,6 +70,8 @@ def test_the_seed_goes_on_the_first_message_only():
     assert not output_to_proto(output).HasField("seed")
     greedy = RequestOutput("r", [4], None, RequestUsage(1, 1, 0, 0, 1))
     assert not output_to_proto(greedy, first=True).HasField("seed")
+
+
 def test_penalties_and_logit_bias_reach_the_engine_and_unset_means_off():
     unset = sampling_from_proto(common_pb2.SamplingParams(), prompt_len=4, limits=LIMITS)
     assert (unset.presence_penalty, unset.frequency_penalty, unset.repetition_penalty) == (0.0, 0.0, 1.0)

@@ -108,7 +108,7 @@ class Engine:
             request = self.scheduler.abort(request_id)
             if request is None:
                 return False
-            self._aborted.append(RequestOutput(request_id, [], FinishReason.ABORT, request.usage(), request.seed))
+            self._aborted.append(RequestOutput(request_id, [], FinishReason.ABORT, request.usage(), seed=request.seed))
             self._released.append(request_id)
         return True
 
@@ -235,9 +235,11 @@ class Engine:
     def _score_greedy(self, batch: ScheduledBatch, requests: list[Request]) -> PendingVerification | None:
         """Launches a greedy step that the runner verifies itself (a CUDA graph with its verdict inside);
         None where it cannot (then the forward's logits go through the rejection sampler). The graph judges
-        the raw logits, so a request with penalties or a logit bias takes the rejection sampler's path."""
+        the raw logits and returns only the tokens, so a request with penalties or a logit bias, or one that
+        wants logprobs, takes the rejection sampler's path."""
         execute_greedy = getattr(self.runner, "execute_greedy", None)
         if execute_greedy is None or not batch or not all(r.params.greedy and not r.params.adjusts_logits
+                                                          and r.params.logprobs is None
                                                           for r in requests):
             return None
         verdict = execute_greedy(batch)

@@ -22,6 +22,16 @@ class RequestUsage:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """The target model's log-probability of one emitted token, and the most likely tokens at its position
+    (engine/logprobs.py says from which distribution)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first: the N the request asked for
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """Tokens one request gained in one step (1..k+1 of them; stop tokens included, nothing after them)."""
 
@@ -29,6 +39,7 @@ class RequestOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None  # set when the request finished this step
     usage: RequestUsage
+    logprobs: list[TokenLogprobs] | None = None  # one per new token when the request asked for logprobs
     seed: int | None = None  # what its sampling is keyed by (its own, or drawn at arrival); None: greedy, unseeded
 
     @property

@@ -26,18 +26,21 @@ client gave none, request.py). Greedy rows need no noise. p_j is the target of t
 logit bias (logits_processors.py), which are applied to every row first.
 
 Everything runs on the whole batch with tensor ops; the result reaches the host in one copy, which
-verify_async leaves queued so the engine can launch the next step before waiting for it. Greedy decode /
+verify_async leaves queued so the engine can launch the next step before waiting for it. Requests that ask
+for logprobs get them from the same logits (logprobs.py), copied right behind. Greedy decode /
 verify steps replayed from a CUDA graph judge their drafts inside the graph instead (greedy_verdict.py),
 with the same result layout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from verifier_service.engine.keyed_noise import exponential_noise
 from verifier_service.engine.logits_processors import apply_logits_processors
+from verifier_service.engine.logprobs import DeviceLogprobs, emitted_logprobs, raw_logprobs
+from verifier_service.engine.outputs import TokenLogprobs
 from verifier_service.engine.sampling import target_probabilities
 from verifier_service.engine.sampling_metadata import SamplingMetadata
 
@@ -48,6 +51,8 @@ class VerifiedTokens:
 
     token_ids: list[list[int]]  # emitted: accepted drafts, then one recovered or bonus token
     num_accepted: list[int]  # drafts accepted
+    # Per request, one entry per emitted token for those that asked for logprobs (None: nobody in the step did).
+    logprobs: list[list[TokenLogprobs] | None] | None = None
 
 
 class PendingVerification:
@@ -56,17 +61,21 @@ class PendingVerification:
     rows [num_requests, width + 1]: per request with logits (in the order of batch_indices), its emitted
     tokens in the first num_accepted + 1 columns and num_accepted in the last. previous_result [num_requests,
     2] (device): (last token emitted, drafts accepted) per request, what the next step continues from when
-    it is launched before the host has seen this one (the engine's async scheduling).
+    it is launched before the host has seen this one (the engine's async scheduling). logprobs: the emitted
+    tokens' log-probabilities where a request asked (logprobs.py), copied right behind the rows.
     """
 
     def __init__(self, rows: torch.Tensor, batch_indices: list[int], batch_size: int,
-                 previous_result: torch.Tensor | None = None):
+                 previous_result: torch.Tensor | None = None, logprobs: DeviceLogprobs | None = None):
         self.batch_indices, self.batch_size = batch_indices, batch_size
         self.previous_result = previous_result if previous_result is not None else continuation(rows)
+        self._logprobs = logprobs
         self._ready: torch.cuda.Event | None = None
         if rows.is_cuda:  # non-blocking into pinned memory; result() waits for this copy only
             self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
             self._host.copy_(rows, non_blocking=True)
+            if logprobs is not None:
+                logprobs.copy_to_host()
             self._ready = torch.cuda.Event()
             self._ready.record()
         else:
@@ -76,7 +85,10 @@ class PendingVerification:
         """Waits for the step (the one device-to-host copy) and unpacks it per request."""
         if self._ready is not None:
             self._ready.synchronize()
-        return _unpack(self._host.tolist(), self.batch_indices, self.batch_size)
+        verified = _unpack(self._host.tolist(), self.batch_indices, self.batch_size)
+        if self._logprobs is None:
+            return verified
+        return replace(verified, logprobs=self._logprobs.per_request(verified.token_ids, self.batch_indices))
 
 
 def continuation(rows: torch.Tensor) -> torch.Tensor:
@@ -95,7 +107,8 @@ def verify(
 
 def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVerification:
     """verify, with the result left on the device until PendingVerification.result() asks for it."""
-    logits = apply_logits_processors(logits, metadata.logits_processors)  # penalties, logit bias (or as is)
+    raw = raw_logprobs(logits, metadata.logprobs)  # before anything processes the logits (None: nobody asked)
+    logits = apply_logits_processors(logits, metadata.logits_processors)  # penalties, logit bias (new tensor)
     accepted, replacement = _judge_rows(logits, metadata)  # [num_rows] bool, [num_rows] int64
     num_columns = metadata.row_index.shape[1]  # max drafts + 1
     accepted_padded = accepted[metadata.row_index[:, :-1]] & metadata.draft_mask  # [num_requests, max_drafts]
@@ -104,7 +117,8 @@ def verify_async(logits: torch.Tensor, metadata: SamplingMetadata) -> PendingVer
     drafts = torch.nn.functional.pad(metadata.draft_token_ids, (0, 1))  # [num_requests, max_drafts + 1]
     output = torch.where(columns < num_accepted.unsqueeze(1), drafts, replacement[metadata.row_index])
     rows = torch.cat([output, num_accepted.unsqueeze(1)], dim=1)
-    return PendingVerification(rows, metadata.batch_indices, metadata.batch_size)
+    logprobs = emitted_logprobs(raw, logits, output, metadata.logprobs)
+    return PendingVerification(rows, metadata.batch_indices, metadata.batch_size, logprobs=logprobs)
 
 
 def _judge_rows(

@@ -12,6 +12,7 @@ import torch
 
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.logits_processor_inputs import LogitsProcessorInputs
+from verifier_service.engine.logprobs import LogprobsPlan, plan_logprobs
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_keys import row_sampling_keys
 from verifier_service.host_copy import to_device
@@ -35,6 +36,7 @@ class SamplingMetadata:
     use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
     use_top_p: bool = True
     use_min_p: bool = True
+    logprobs: LogprobsPlan | None = None  # rows that need log-probabilities (None: no request asked)
     logits_processors: LogitsProcessorInputs | None = None  # penalties and logit bias; None: nobody uses any
 
     @classmethod
@@ -90,5 +92,6 @@ class SamplingMetadata:
             use_top_k=any(k > 0 for k in top_k),
             use_top_p=any(p < 1.0 for p in top_p),
             use_min_p=any(p > 0.0 for p in min_p),
+            logprobs=plan_logprobs([(s.num_draft_tokens, r.params) for _, s, r in with_logits], max_drafts, device),
             logits_processors=LogitsProcessorInputs.build(with_logits, batch.previous_result, device),
         )

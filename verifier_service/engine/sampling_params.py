@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from specd.float32 import as_float32
 
+MAX_LOGPROBS = 20  # most likely alternatives a request may ask for per token (OpenAI's chat maximum)
+LOGPROBS_MODES = ("raw", "processed")  # which distribution logprobs are taken from (engine/logprobs.py)
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap on logit_bias
 
 
@@ -16,6 +18,8 @@ class SamplingParams:
 
     temperature == 0 means greedy. Filters (top_k, top_p, min_p) apply only when sampling.
     num_speculative_tokens None means the engine's default; 0 turns speculation off for the request.
+    logprobs None means none; N in 0..MAX_LOGPROBS: each emitted token's log-probability and the N most
+    likely tokens at its position, from the raw or the processed distribution (logprobs_mode, see logprobs.py).
     seed keys the sampler's randomness (keyed_noise.py), None = a random seed drawn at arrival.
     output_position_offset: generated tokens the prompt ends with (a stream resumed on another verifier carries
     its output so far in the prompt), so that the position keying each sampled token counts them too.
@@ -36,6 +40,8 @@ class SamplingParams:
     min_ngram: int = 0
     max_ngram: int = 0
     tenant_key: str = ""  # for the drafter's per-key memory scope (gateway/tenant.py); "" = no tenant
+    logprobs: int | None = None
+    logprobs_mode: str = "raw"
     output_position_offset: int = 0
     presence_penalty: float = 0.0  # in [-2, 2]; 0 = off
     frequency_penalty: float = 0.0  # in [-2, 2]; 0 = off
@@ -53,6 +59,9 @@ class SamplingParams:
             (self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
              "num_speculative_tokens", "must be >= 0"),
             (self.min_ngram >= 0 and self.max_ngram >= 0, "min_ngram", "n-gram bounds must be >= 0"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"must be in [0, {MAX_LOGPROBS}] (or unset for none)"),
+            (self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}"),
             (self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)"),
             (self.output_position_offset >= 0, "output_position_offset", "must be >= 0"),
         ]

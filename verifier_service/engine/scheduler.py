@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.draft_policy import DraftPolicy
-from verifier_service.engine.outputs import FinishReason, RequestOutput
+from verifier_service.engine.outputs import FinishReason, RequestOutput, TokenLogprobs
 from verifier_service.engine.proposer import DraftRequest
 from verifier_service.engine.request import Request, RequestStatus
 
@@ -263,14 +263,15 @@ class Scheduler:
             request.num_computed_tokens = (scheduled.start_position + scheduled.num_tokens
                                            - scheduled.num_draft_tokens + num_accepted)
             if scheduled.num_logits:
-                outputs.append(self._emit(request, scheduled, verified.token_ids[index], num_accepted))
+                logprobs = verified.logprobs[index] if verified.logprobs is not None else None
+                outputs.append(self._emit(request, scheduled, verified.token_ids[index], num_accepted, logprobs))
             self._cache_blocks(request)
             if request.is_finished:
                 self._finish(request)
         return outputs
 
     def _emit(self, request: Request, scheduled: ScheduledRequest, token_ids: list[int],
-              num_accepted: int) -> RequestOutput:
+              num_accepted: int, logprobs: list[TokenLogprobs] | None = None) -> RequestOutput:
         params = request.params
         if request.num_pending_tokens:  # advanced by schedule_ahead: the real token replaces the placeholder
             request.drop_pending_token()
@@ -291,7 +292,10 @@ class Scheduler:
         request.num_steps += 1
         if request.finish_reason is not None:
             request.status = RequestStatus.FINISHED
-        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage(), request.seed)
+        if logprobs is not None:  # cut where the tokens were (max_tokens, stop token)
+            logprobs = logprobs[:len(token_ids)]
+        return RequestOutput(request.request_id, token_ids, request.finish_reason, request.usage(), logprobs,
+                             request.seed)
 
     def _cache_blocks(self, request: Request) -> None:
         if (not self.block_manager.enable_prefix_caching
