@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -123,9 +124,5 @@ def best(choices: list[Choice], n: int, keep_logprobs: bool) -> list[Choice]:
 def total_usage(usages: list[Usage]) -> Usage:
     """The samples' counts together: the prompt once, generated tokens, drafts and steps summed (so
     completion_tokens / steps stays the mean acceptance length)."""
-    return Usage(prompt_tokens=usages[0].prompt_tokens,
-                 completion_tokens=sum(u.completion_tokens for u in usages),
-                 draft_tokens=sum(u.draft_tokens for u in usages),
-                 accepted_tokens=sum(u.accepted_tokens for u in usages),
-                 steps=sum(u.steps for u in usages),
-                 num_speculative_tokens=max(u.num_speculative_tokens for u in usages))
+    total = functools.reduce(Usage.plus_generated, usages)
+    return dataclasses.replace(total, num_speculative_tokens=max(u.num_speculative_tokens for u in usages))

@@ -4,6 +4,7 @@ They know nothing of protobuf or HTTP; gateway/convert.py and gateway/http.py tr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -50,6 +51,14 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def plus_generated(self, other: Usage) -> Usage:
+        """These counts with other's generated ones added (completion, drafts, accepted, steps); the prompt and
+        k stay these: a stream's parts across a resume, or the samples of one request (gateway/choices.py)."""
+        return dataclasses.replace(self, completion_tokens=self.completion_tokens + other.completion_tokens,
+                                   draft_tokens=self.draft_tokens + other.draft_tokens,
+                                   accepted_tokens=self.accepted_tokens + other.accepted_tokens,
+                                   steps=self.steps + other.steps)
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,8 @@ class StreamProgress:
         if chunk.usage is None or not self.emitted_before_resume:
             self.last_usage = chunk.usage or self.last_usage
             return chunk
-        usage, carried = chunk.usage, self.carried
-        merged = Usage(prompt_tokens=len(self.request.prompt_token_ids),
-                       completion_tokens=usage.completion_tokens + carried.completion_tokens,
-                       draft_tokens=usage.draft_tokens + carried.draft_tokens,
-                       accepted_tokens=usage.accepted_tokens + carried.accepted_tokens,
-                       steps=usage.steps + carried.steps, num_speculative_tokens=usage.num_speculative_tokens)
+        merged = dataclasses.replace(chunk.usage.plus_generated(self.carried),
+                                     prompt_tokens=len(self.request.prompt_token_ids))
         self.last_usage = merged
         return dataclasses.replace(chunk, usage=merged)
 
