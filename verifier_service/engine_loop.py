@@ -46,6 +46,7 @@ class EngineLoop:
         self._wake = threading.Event()
         self._stopping = False
         self._additions: list[_Addition] = []
+        self._num_adding = 0  # additions the thread has taken and not yet shown in `load`
         self._aborts: list[str] = []
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -94,11 +95,10 @@ class EngineLoop:
             self._aborts.append(request_id)
         self._wake.set()
 
-    @property
-    def num_pending(self) -> int:
-        """Requests handed in but not yet seen by the engine."""
+    def queue_state(self) -> tuple[EngineLoad, int]:
+        """The last load snapshot and the requests handed in that it does not count yet, read together."""
         with self._lock:
-            return len(self._additions)
+            return self.load, len(self._additions) + self._num_adding
 
     def _run(self) -> None:
         while not self._stopping:  # checked before waiting: a wake-up cleared between steps is lost
@@ -107,8 +107,7 @@ class EngineLoop:
                 if self._stopping:
                     return
                 self._wake.clear()
-                additions, self._additions = self._additions, []
-                aborts, self._aborts = self._aborts, []
+                additions, aborts = self._take()
             self._apply(additions, aborts)
             while self._engine.has_unfinished_requests() and not self._stopping:
                 self._step()
@@ -118,10 +117,16 @@ class EngineLoop:
 
     def _drain_between_steps(self) -> None:
         with self._lock:
-            additions, self._additions = self._additions, []
-            aborts, self._aborts = self._aborts, []
+            additions, aborts = self._take()
             self._wake.clear()
         self._apply(additions, aborts)
+
+    def _take(self) -> tuple[list[_Addition], list[str]]:
+        """Under the lock: the queued additions and aborts, for `_apply`."""
+        additions, self._additions = self._additions, []
+        aborts, self._aborts = self._aborts, []
+        self._num_adding = len(additions)
+        return additions, aborts
 
     def _apply(self, additions: list[_Addition], aborts: list[str]) -> None:
         for request_id in aborts:
@@ -131,8 +136,10 @@ class EngineLoop:
                 self._engine.add_request(addition.request_id, addition.prompt_token_ids, addition.params)
             except Exception as error:  # noqa: BLE001 - goes back to the caller, who maps it to a status
                 self._deliver_error(addition.request_id, error)
-        if aborts:
-            self.load = self._engine.load()
+        if additions or aborts:  # the report counts the additions as pending until this snapshot has them
+            load = self._engine.load()
+            with self._lock:
+                self.load, self._num_adding = load, 0
 
     def _step(self) -> None:
         try:

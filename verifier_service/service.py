@@ -28,7 +28,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         if self._engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
         request_id, prompt_token_ids, params = request_from_proto(request, self._limits)
-        if self._engine_loop.load.num_waiting + self._engine_loop.num_pending >= self._max_waiting_requests:
+        load, num_pending = self._engine_loop.queue_state()
+        if load.num_waiting + num_pending >= self._max_waiting_requests:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "verifier queue is full; retry later")
         try:
             queue = self._engine_loop.add(request_id, prompt_token_ids, params)
@@ -51,4 +52,4 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def GetLoad(self, request: verifier_pb2.GetLoadRequest, context: grpc.aio.ServicerContext):
         if self._engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
-        return load_to_proto(self._engine_loop.load, self._engine_loop.num_pending, self._limits)
+        return load_to_proto(*self._engine_loop.queue_state(), self._limits)

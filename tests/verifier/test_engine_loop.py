@@ -81,3 +81,38 @@ async def test_an_abort_during_a_step_frees_the_request_at_once_and_keeps_it_out
     finally:
         runner.release.set()
         loop.stop()
+
+
+class SteppedRunner(FakePagedRunner):
+    """Runs one forward per `permit` released; `entered` counts the forwards begun."""
+
+    def __init__(self) -> None:
+        super().__init__(num_blocks=300, block_size=4, vocab_size=32, max_model_len=1024)
+        self.permit, self.entered = threading.Semaphore(0), threading.Semaphore(0)
+
+    def execute(self, batch):
+        self.entered.release()
+        self.permit.acquire(timeout=10)
+        return super().execute(batch)
+
+
+async def test_requests_the_thread_has_added_count_in_the_load_before_the_next_step_ends():
+    """The load report (and the queue limit, read from it) counts a request from its arrival on: the engine
+    thread's snapshot must include the requests it has just added, not only those left pending - between the
+    two, a full queue once read as empty for a whole (seconds-long) step and let requests past its limit."""
+    runner = SteppedRunner()
+    loop = EngineLoop(Engine(EngineConfig(num_speculative_tokens=0, async_scheduling=False), runner=runner))
+    loop.start()
+    try:
+        loop.add("running", [1, 2, 3], LONG)
+        assert await asyncio.to_thread(runner.entered.acquire, timeout=5)
+        loop.add("a", [4, 5], LONG)
+        loop.add("b", [6, 7], LONG)
+        runner.permit.release()  # the first step ends; the thread adds a and b and begins the next
+        assert await asyncio.to_thread(runner.entered.acquire, timeout=5)
+        load, num_pending = loop.queue_state()
+        assert load.num_running + load.num_waiting + num_pending == 3, (load, num_pending)
+    finally:
+        for _ in range(100):
+            runner.permit.release()
+        loop.stop()
