@@ -7,11 +7,17 @@ rotating over enough copies of the weight (>= 128 MiB) that none is still in the
 in a real step where every layer has its own weights; us = graph replay time / 20. The floor is
 weight bytes / measured copy bandwidth (as in gpu_latency.py). "per step" sums one layer's projections
 x layers + the LM head once.
-Variants: cuBLAS (torch's default), cuBLASLt (torch.backends.cuda.preferred_blas_library), and inductor
-max-autotune of a static-shape F.linear (Triton templates and ATen compete per shape).
+Variants: cuBLAS (torch's default), cuBLASLt (torch.backends.cuda.preferred_blas_library), inductor
+max-autotune of a static-shape F.linear (Triton templates and ATen compete per shape), and two ways to give
+a few rows the one-row treatment inductor gives a GEMV (a mul + sum reduction, tuned by coordinate descent):
+"rows as GEMVs" (each row its own F.linear, compiled together) and "mul + sum" (the broadcast product
+summed over k, in float32).
+
+Usage: python bench/gpu_gemm.py [--models qwen3-0.6b,llama3-8b] [--rows 1,5]
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -58,15 +64,34 @@ def variants():
         compiled = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
         compiled(x, w)
         return lambda weight: compiled(x, weight)
-    return {"cuBLAS": ("cublas", cublas), "cuBLASLt": ("cublaslt", cublas), "inductor autotune": ("cublas", autotuned)}
+
+    def compiled_as(fn):
+        def make(x, w):
+            compiled = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+            compiled(x, w)
+            return lambda weight: compiled(x, weight)
+        return make
+
+    def rows_as_gemvs(x, weight):
+        return torch.cat([F.linear(x[i:i + 1], weight) for i in range(x.shape[0])])
+
+    def mul_sum(x, weight):
+        return (x.float().unsqueeze(1) * weight.float().unsqueeze(0)).sum(-1).to(x.dtype)
+    return {"cuBLAS": ("cublas", cublas), "cuBLASLt": ("cublaslt", cublas), "inductor autotune": ("cublas", autotuned),
+            "rows as GEMVs": ("cublas", compiled_as(rows_as_gemvs)), "mul + sum": ("cublas", compiled_as(mul_sum))}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rows", default="1,5")
+    args = parser.parse_args()
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     rows = []
-    for model, (layers, shapes, head) in MODELS.items():
-        for m in (1, 5):
+    for model in args.models.split(","):
+        layers, shapes, head = MODELS[model]
+        for m in (int(r) for r in args.rows.split(",")):
             totals, floor = {}, 0.0
             for (n, k), count in [(s, layers) for s in shapes] + [(head, 1)]:
                 copies = max(2, -(-(128 << 20) // (n * k * 2)))

@@ -46,7 +46,7 @@ def step_widths(max_drafts: int) -> list[int]:
     """Captured widths for steps of up to max_drafts drafts per sequence: 1, 2, 3, 5, 9, ... (2^i + 1) and
     max_drafts + 1. A step pads to the next one: padding rows cost little where a step reads its weights
     once for all rows (small batches), and fewer widths keep start-up (one capture per bucket and width,
-    one autotuned compile per width) and graph memory small."""
+    one static compile per width) and graph memory small."""
     widths = {1, max_drafts + 1}
     power = 1
     while power < max_drafts:

@@ -88,7 +88,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
-        self.static_token_counts = {1}  # compiled regions autotune these token counts (capture adds widths)
+        self.static_token_counts = {1}  # compiled regions get static graphs of these (capture adds widths)
         self.compiled = compile_model and self.device.type == "cuda"
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
             compile_regions(self.model, self.static_token_counts)
@@ -106,7 +106,7 @@ class ModelRunner:
         if self.device.type != "cuda" or self.backend.name != "flash-attn" or self.num_blocks < 2:
             return False
         self.num_blocks -= 1  # the block manager never hands out the scratch block
-        self.static_token_counts.update(widths)  # batch-1 steps of each width: autotuned compiled regions
+        self.static_token_counts.update(widths)  # batch-1 steps of each width: static compiled regions
         self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
                                    self.max_model_len, self.device, max_verify_batch, compile_step=self.compiled)
         self.graphs.capture()

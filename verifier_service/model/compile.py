@@ -10,7 +10,7 @@ GEMMs. A layer is split as DecoderLayer documents:
 so the attention backend and its metadata context stay outside the compiled graphs. All layers share
 one compiled graph per region (parameters are graph inputs), so start-up compiles a handful of graphs,
 not one per layer. Shapes are dynamic in num_tokens (one graph for every batch size), except the token
-counts of batch-1 decode and verify steps, which get static graphs with autotuned GEMMs (see _compiled);
+counts of batch-1 decode and verify steps, which get static graphs (see _compiled);
 the compiled code is plain kernels, so CUDA graph capture records it like eager code.
 
 Compiled code rounds differently from eager bf16 code (fused float32 intermediates), so it is used on
@@ -26,7 +26,7 @@ from verifier_service.model.decoder import CausalLM
 def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None) -> None:
     """Replaces each layer's two regions and the final add + norm by compiled versions (in place, idempotent).
 
-    static_token_counts: token counts that get their own static, autotuned graphs (see _compiled); the
+    static_token_counts: token counts that get their own static graphs (see _compiled); the
     caller's set, read at every call, so the runner can add the widths of the CUDA graphs it captures
     (a batch-1 decode / verify step feeds 1 / k + 1 tokens) before their first forward compiles them.
     """
@@ -46,19 +46,30 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
         decoder.compiled = True
 
 
-def _compiled(method, static_token_counts: set[int]):
-    """method compiled twice: static and autotuned for the given token counts (batch-1 decode and verify
-    steps), dynamic for everything else.
+# Static graphs of a few rows (2-9 tokens: verify steps, small decode batches) keep cuBLAS for their GEMMs.
+# Autotuning times each candidate with its weight hot in the L2 cache, where a step reads every layer's
+# weights from HBM: it picked Triton templates up to 2x slower there than cuBLAS (bench/gpu_gemm.py, H100,
+# Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and picked
+# differently from one machine to the next.
+_FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 
-    cuBLAS picks poor kernels for one-row GEMMs of small models: Qwen3-0.6B's o_proj (1024 x 2048)
-    takes 12.8 us for a 1.0 us weight read on an H200, a layer's four projections 31 us; inductor's
-    max-autotune (Triton templates and cuBLAS benchmarked per shape) takes 18 us (bench/gpu_gemm.py).
-    Autotuning needs static shapes, so only these few token counts get it (one compile each); it runs
-    once, during the warm-up / CUDA graph capture before the service reports SERVING.
+
+def _compiled(method, static_token_counts: set[int]):
+    """method compiled for one token (batch-1 decode), statically for the other given token counts (verify
+    steps, small batches), and dynamically for everything else.
+
+    cuBLAS picks poor kernels for one-row GEMMs of small models: Qwen3-0.6B's o_proj (1024 x 2048) takes
+    6.1 us for a 1.4 us weight read on an H100. Inductor rewrites a one-row GEMM as a reduction (tuned by
+    coordinate descent, fused with the norm before it): 3.7 us, and a step's projections 692 instead of
+    851 us (bench/gpu_gemm.py). Static graphs compile once per token count, during the warm-up / CUDA graph
+    capture before the service reports SERVING.
     """
     dynamic = torch.compile(method, dynamic=True, fullgraph=True)
-    static = torch.compile(method, dynamic=False, fullgraph=True, mode="max-autotune-no-cudagraphs")
+    one_row = torch.compile(method, dynamic=False, fullgraph=True, mode="max-autotune-no-cudagraphs")
+    few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS)
 
     def run(hidden: torch.Tensor, *args):
-        return (static if hidden.shape[0] in static_token_counts else dynamic)(hidden, *args)
+        tokens = hidden.shape[0]
+        compiled = dynamic if tokens not in static_token_counts else one_row if tokens == 1 else few_rows
+        return compiled(hidden, *args)
     return run
