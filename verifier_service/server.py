@@ -154,10 +154,16 @@ def _drafter_client(config: VerifierConfig):
 
 
 def _warm_up(engine: Engine) -> None:
-    """One prefill and a few decode steps, so the first real request does not pay for lazy set-up."""
-    engine.add_request("warmup", [1, 2, 3, 4, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
+    """A prefill and a few decode steps, greedy, then sampled alone and beside a greedy request (on CUDA the
+    keyed sampler compiles once for one row and once for several), so the first real request does not pay
+    for lazy set-up."""
+    prompt, greedy = [1, 2, 3, 4, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=2, temperature=1.0, seed=0, ignore_eos=True)
+    for requests in ({"warmup": greedy}, {"warmup-sampled": sampled}, {"warmup": greedy, "warmup-sampled": sampled}):
+        for request_id, params in requests.items():
+            engine.add_request(request_id, prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
     engine.take_step_stats()  # the warm-up does not count in the metrics
     # Loading, compiling and capturing leave millions of long-lived Python objects (torch.compile's
     # caches among them). Frozen, Python's full collections stop walking them: a collection pause in

@@ -9,7 +9,8 @@ import torch
 from gpu.test_graphs_and_engine import BLOCK, MAX_TOKENS, PROMPTS, checkpoint, engine_for  # noqa: F401 - fixture
 from support.engine_runs import run
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
-from verifier_service.engine.keyed_noise import exponential_noise, row_keys
+from verifier_service.engine import keyed_noise
+from verifier_service.engine.keyed_noise import exponential_noise, keyed_sample, row_keys, token_offsets
 
 pytestmark = pytest.mark.gpu
 NEAR_TIE = 0.05  # log-score gap of the race's top two that bf16 logits (|x| < 1 here) may tip
@@ -22,6 +23,19 @@ def test_keys_and_noise_on_cuda_equal_the_cpus():
     assert torch.equal(row_keys(seeds.cuda(), positions.cuda()).cpu(), keys)  # int64 wraps alike
     noise = exponential_noise(keys.cuda(), 49152).cpu()
     torch.testing.assert_close(noise, exponential_noise(keys, 49152), rtol=1e-6, atol=0)  # logf may differ by an ulp
+
+
+@pytest.mark.parametrize("rows", [1, 2, 37, 256])
+def test_the_fused_keyed_sampler_draws_the_plain_kernels_tokens(rows):
+    """keyed_sample on CUDA is one compiled kernel; it must pick what the eager noise and argmax pick."""
+    generator = torch.Generator().manual_seed(rows)
+    probs = torch.softmax(torch.randn(rows, 151936, generator=generator) * 4, dim=-1).cuda()
+    keys = row_keys(torch.randint(-2**63, 2**63 - 1, (rows,), generator=generator), torch.arange(rows) * 11).cuda()
+    fused = keyed_sample(probs, keys)
+    assert keyed_noise._compiled_race not in (None, False), "the compiled sampler did not run"
+    plain = (probs / exponential_noise(keys, probs.shape[-1])).argmax(dim=-1)
+    assert torch.equal(fused, plain)
+    assert torch.equal(token_offsets(151936, probs.device), keyed_noise._offsets(151936, probs.device))  # unchanged
 
 
 def race_gap(engine, params, seed: int, context: list[int], position: int) -> float:

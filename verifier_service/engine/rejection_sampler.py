@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from verifier_service.engine.keyed_noise import exponential_noise
+from verifier_service.engine.keyed_noise import keyed_sample
 from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.logprobs import DeviceLogprobs, emitted_logprobs, raw_logprobs
 from verifier_service.engine.outputs import TokenLogprobs
@@ -131,8 +131,7 @@ def _judge_rows(
     if not metadata.all_greedy:
         probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
                                      metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
-        noise = exponential_noise(metadata.row_keys, logits.shape[-1])  # [num_rows, vocab]
-        sampled = probs.div_(noise).argmax(dim=-1)  # the exponential race: a draw from probs
+        sampled = keyed_sample(probs, metadata.row_keys)  # the exponential race: a draw from probs
         chosen = torch.where(metadata.row_greedy, chosen, sampled)
     return metadata.row_draft == chosen, chosen
 
