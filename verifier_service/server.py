@@ -12,6 +12,7 @@ import contextlib
 import functools
 import gc
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -134,14 +135,18 @@ def _leave_after_rank_failure(server: GrpcServer, loop: asyncio.AbstractEventLoo
 
     Health turns NOT_SERVING at once, then the process ends non-zero without draining: the engine thread
     may wait in a collective for good, and the gateway resumes the streams elsewhere, as after any
-    replica's death. Runs on the thread that noticed the failure.
+    replica's death. The other ranks are killed first: they exit when rank 0 does, but a hung one cannot
+    notice, and it would hold its GPU from the verifier that replaces this one. Runs on the thread that
+    noticed the failure.
     """
     logger.error("verifier leaves the service: %s", reason)
     try:
         asyncio.run_coroutine_threadsafe(server.mark_not_serving(), loop).result(timeout=5.0)
     except Exception:  # noqa: BLE001 - the loop may be gone; exiting matters more
         logger.exception("could not report NOT_SERVING")
-    time.sleep(RANK_FAILURE_EXIT_DELAY_S)
+    time.sleep(RANK_FAILURE_EXIT_DELAY_S)  # also the hung ranks' time to write the stacks they were asked for
+    for rank in multiprocessing.active_children():  # ranks 1..N-1 (the spawn workers)
+        rank.kill()
     os._exit(RANK_FAILURE_EXIT_CODE)
 
 

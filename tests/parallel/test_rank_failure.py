@@ -4,6 +4,7 @@ theirs); SIGTERM stops every rank cleanly; a model that cannot be split, or more
 naming the option."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -49,20 +50,20 @@ def verifier(model_dir, *args: str, **env: str) -> Service:
 @pytest.fixture
 def start_serving(model_dir):
     """start_serving(**env): a SERVING tensor-parallel verifier; every one started is killed afterwards."""
-    started: list[Service] = []
+    started: list[tuple[Service, list[psutil.Process]]] = []
 
     def start(**env: str) -> Service:
         service = verifier(model_dir, **env)
-        started.append(service)
         wait_serving(service.address, service.process, service.log_path)
+        started.append((service, other_ranks(service)))  # read now: once rank 0 is gone its children are not
         return service
 
     yield start
-    for service in started:
-        ranks = other_ranks(service)
+    for service, ranks in started:
         service.stop(signal.SIGKILL)
         for rank in ranks:  # a stopped (SIGSTOP) rank cannot notice that rank 0 is gone
-            rank.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.kill()
 
 
 def other_ranks(service: Service) -> list[psutil.Process]:
@@ -125,6 +126,20 @@ def test_a_hung_rank_turns_the_verifier_not_serving_and_ends_it(start_serving):
     assert "has not finished on every rank after 3 s (a rank hangs)" in log
     assert "most recent call first" in log  # rank 0's stacks, written before it leaves (the stopped rank's wait)
     assert errors == [grpc.StatusCode.UNAVAILABLE]  # what the gateway retries or resumes elsewhere
+    assert gone(rank, timeout=10), f"the hung rank outlived the verifier: {rank.status()}"  # it would hold its GPU
+
+
+def gone(process: psutil.Process, timeout: float) -> bool:
+    """Whether `process` ended (or is a zombie waiting for its new parent to reap it) within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_sigterm_stops_every_rank_cleanly(start_serving):
