@@ -2,7 +2,8 @@
 
 A replica's death costs no request while another replica serves: requests without a token move to
 it, and streams already producing tokens resume there (prompt + emitted tokens, with the seed and the output
-positions so far), so greedy and seeded sampled output is identical to an uninterrupted run (gateway/resume.py).
+positions so far), so greedy and seeded sampled output is identical to an uninterrupted run (gateway/resume.py),
+logprobs included.
 """
 import re
 import threading
@@ -34,11 +35,11 @@ def expected(stack) -> dict[str, list[int]]:
     return {p: r.token_ids for p, r in zip(PROMPTS, results)}
 
 
-SAMPLED = dict(temperature=1.0, top_p=0.95)
+SAMPLED = dict(temperature=1.0, top_p=0.95, logprobs=1)
 
 
 @pytest.fixture(scope="module")
-def expected_sampled(stack) -> dict[str, list[int]]:
+def expected_sampled(stack) -> dict[str, tuple[list[int], list[float]]]:
     """Seeded sampled streams, uninterrupted (their tokens do not depend on the batch: keyed sampling)."""
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         results = pool.map(lambda i: stream(stack.gateway_address, PROMPTS[i], threading.Event(), seed=i, **SAMPLED),
@@ -46,15 +47,18 @@ def expected_sampled(stack) -> dict[str, list[int]]:
     return dict(zip(PROMPTS, results))
 
 
-def stream(address: str, prompt: str, first_token: threading.Event, **sampling) -> list[int]:
+def stream(address: str, prompt: str, first_token: threading.Event,
+           **sampling) -> tuple[list[int], list[float]]:
+    """The stream's token ids and, where it asks for logprobs, each token's logprob (else [])."""
     sampling = {"temperature": 0.0, **sampling}
     request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling)
-    token_ids = []
+    token_ids, logprobs = [], []
     with grpc.insecure_channel(address) as channel:
         for response in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120):
             token_ids += response.token_ids
+            logprobs += [entry.chosen.logprob for entry in response.logprobs]
             first_token.set()
-    return token_ids
+    return token_ids, logprobs
 
 
 def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stack, expected, expected_sampled):
@@ -71,11 +75,14 @@ def test_killing_a_replica_mid_stream_loses_no_request_and_changes_no_token(stac
             # Requests that arrive after the death, before the router has noticed it, move over too.
             late = [pool.submit(generate, stack.gateway_address, p, MAX_TOKENS, ignore_eos=True)
                     for p in PROMPTS[:2]]
-            results = [f.result() for f in streams]
+            results = [f.result()[0] for f in streams]
             sampled_results = [f.result() for f in sampled]
             late_results = [f.result().token_ids for f in late]
         assert results == [expected[p] for p in PROMPTS]
-        assert sampled_results == list(expected_sampled.values())
+        assert [tokens for tokens, _ in sampled_results] == [tokens for tokens, _ in expected_sampled.values()]
+        for (tokens, logprobs), (_, uninterrupted) in zip(sampled_results, expected_sampled.values()):
+            assert len(logprobs) == len(tokens) == MAX_TOKENS  # none lost or repeated where a stream resumed
+            assert logprobs == pytest.approx(uninterrupted, abs=1e-4)
         assert late_results == [expected[p] for p in PROMPTS[:2]]
         resumed_after = [int(n) for n in re.findall(r"after (\d+) tokens; resuming",
                                                     stack.services["gateway"].log_path.read_text())]
@@ -98,7 +105,7 @@ def test_a_replica_drained_with_sigterm_finishes_its_streams_and_new_requests_go
             assert load_report(stack.verifier_addresses[0]).num_running > 0, "verifier-0 serves no stream"
             verifier = stack.services["verifier-0"]
             verifier.process.terminate()
-            results = [f.result() for f in streams]
+            results = [f.result()[0] for f in streams]
             assert verifier.process.wait(timeout=30) == 0
             after = generate(stack.gateway_address, PROMPTS[0], MAX_TOKENS, ignore_eos=True)
         assert results == [expected[p] for p in PROMPTS]
