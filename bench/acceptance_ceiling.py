@@ -4,8 +4,9 @@ earlier occurrence in hindsight.
     .venv/bin/python bench/acceptance_ceiling.py [--ks 8,16] [--workloads repeat-code,self-refine,extract]
 
 A drafter of the prompt-lookup family (specd's n-gram and evidence rules, SuffixDecoding) proposes one chain:
-what followed an earlier occurrence of the context's last n tokens. Replayed as bench/drafter_acceptance.py
-does (batch 1, up to k drafts, the longest prefix equal to the recording accepted, plus one token), this takes
+what followed an earlier occurrence of the context's last n tokens. Replayed through the same loop as
+bench/drafter_acceptance.py (acceptance_replay.replay: batch 1, up to k drafts, the longest prefix equal to
+the recording accepted, plus one token), this takes
 at every step the occurrence whose continuation agrees longest with the recorded future - which no drafter
 can know - among the occurrences matching at least n tokens: in the sequence's own context (continued
 periodically past its end, as the n-gram drafter does), and with "memory" also in every earlier request's
@@ -22,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from acceptance_recordings import Recording, load_or_record  # noqa: E402
+from acceptance_replay import replay  # noqa: E402
 from acceptance_workloads import WORKLOADS  # noqa: E402
+
+from verifier_service.engine.proposer import DraftRequest  # noqa: E402
 
 
 def agreement(copy: list[int], future: list[int]) -> int:
@@ -50,21 +54,31 @@ def best_copy(context: list[int], sources: list[list[int]], future: list[int], n
     return best
 
 
+class HindsightProposer:
+    """Drafts what the best earlier occurrence would have (the part of it the recording confirms), for replay():
+    it knows the recordings, which replay() runs in order, one request at a time, releasing each at its end."""
+
+    def __init__(self, recordings: list[Recording], n: int, with_memory: bool) -> None:
+        self._recordings, self._n, self._with_memory = recordings, n, with_memory
+        self._current, self._earlier = 0, []
+
+    def propose(self, requests: list[DraftRequest]) -> dict[str, list[int]]:
+        (request,) = requests
+        recording = self._recordings[self._current]
+        emitted = len(request.token_ids) - len(recording.prompt_token_ids)
+        future = recording.output_token_ids[emitted:emitted + request.num_draft_tokens]
+        context = list(request.token_ids)
+        sources = self._earlier if self._with_memory else []
+        return {request.request_id: future[:best_copy(context, sources, future, self._n)]}
+
+    def release(self, request_ids: list[str]) -> None:
+        recording = self._recordings[self._current]
+        self._earlier.append(list(recording.prompt_token_ids) + recording.output_token_ids)
+        self._current += 1
+
+
 def ceiling(recordings: list[Recording], k: int, n: int, with_memory: bool) -> float:
-    tokens = steps = 0
-    earlier: list[list[int]] = []
-    for recording in recordings:
-        output = recording.output_token_ids
-        context = list(recording.prompt_token_ids) + output[:1]
-        emitted, steps = 1, steps + 1
-        while emitted < len(output):
-            future = output[emitted:emitted + min(k, len(output) - emitted - 1)]
-            accepted = best_copy(context, earlier if with_memory else [], future, n)
-            context += output[emitted:emitted + accepted + 1]
-            emitted, steps = emitted + accepted + 1, steps + 1
-        tokens += len(output)
-        earlier.append(list(recording.prompt_token_ids) + output)
-    return tokens / steps
+    return replay(HindsightProposer(recordings, n, with_memory), recordings, k).tokens_per_step
 
 
 def main() -> None:

@@ -2,34 +2,23 @@
 [rows, vocab] int64 tensor) against the fused, compiled keyed_sample, next to the softmax that feeds both.
 
 Usage: python bench/gpu_sampler.py [--vocab 151936] [--rows 1,8,64,256]
-Each case: median of 50 timed calls after 5 warm-up ones (CUDA events), ms. Both samplers must pick the
-same tokens (checked on every case).
+Each case: median of 50 timed calls after 10 warm-up ones (CUDA events, gpu_latency.timed), ms. Both
+samplers must pick the same tokens (checked on every case).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+from gpu_latency import timed  # noqa: E402
+
 from verifier_service.engine.keyed_noise import _race, keyed_sample, row_keys, token_offsets  # noqa: E402
 
-
-def median_ms(fn, repeats: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+CALLS = 50
 
 
 def main() -> None:
@@ -37,7 +26,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--rows", default="1,8,64,256")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}, vocabulary {args.vocab}; ms per call (median of 50)")
+    print(f"{torch.cuda.get_device_name()}, vocabulary {args.vocab}; ms per call (median of {CALLS})")
     print("| rows | softmax (T = 0.6) | race, plain kernels | race, fused | plain / fused |")
     print("|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
@@ -46,9 +35,9 @@ def main() -> None:
         probs = torch.softmax(logits / 0.6, dim=-1)
         offsets = token_offsets(args.vocab, probs.device)
         assert torch.equal(keyed_sample(probs, keys), _race(probs, keys, offsets))
-        softmax = median_ms(lambda: torch.softmax(logits / 0.6, dim=-1))
-        plain = median_ms(lambda: _race(probs, keys, offsets))
-        fused = median_ms(lambda: keyed_sample(probs, keys))
+        softmax = timed(lambda: torch.softmax(logits / 0.6, dim=-1), CALLS)
+        plain = timed(lambda: _race(probs, keys, offsets), CALLS)
+        fused = timed(lambda: keyed_sample(probs, keys), CALLS)
         print(f"| {rows} | {softmax:.3f} | {plain:.3f} | {fused:.3f} | {plain / fused:.1f}x |")
 
 
