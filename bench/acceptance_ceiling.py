@@ -6,11 +6,10 @@ earlier occurrence in hindsight.
 A drafter of the prompt-lookup family (specd's n-gram and evidence rules, SuffixDecoding) proposes one chain:
 what followed an earlier occurrence of the context's last n tokens. Replayed through the same loop as
 bench/drafter_acceptance.py (acceptance_replay.replay: batch 1, up to k drafts, the longest prefix equal to
-the recording accepted, plus one token), this takes
-at every step the occurrence whose continuation agrees longest with the recorded future - which no drafter
-can know - among the occurrences matching at least n tokens: in the sequence's own context (continued
-periodically past its end, as the n-gram drafter does), and with "memory" also in every earlier request's
-prompt and output (more than specd's memory holds). So no single-chain copy drafter that needs an n-token
+the recording accepted, plus one token), this takes at every step the occurrence whose continuation agrees
+longest with the recorded future - which no drafter can know - among the occurrences matching at least n
+tokens: in the sequence's own context (continued periodically past its end, as the n-gram drafter does), and
+with "memory" also in every earlier request's prompt and output (more than specd's memory holds). So no single-chain copy drafter that needs an n-token
 match can beat the n-token row; the 1-token row bounds them all.
 """
 from __future__ import annotations
