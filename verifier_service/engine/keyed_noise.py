@@ -103,15 +103,16 @@ def keyed_sample(
     fused kernel, compiled on first use (seconds: the verifier's warm-up samples once), with the same integer
     noise (only logf may differ in its last bit, as exponential_noise's may from the CPU's)."""
     global _compiled_race
+    offsets = _offsets(probs.shape[-1], probs.device)
     if probs.is_cuda and _compiled_race is not False:
         try:
             if _compiled_race is None:
                 _compiled_race = torch.compile(_race, dynamic=True, fullgraph=True)
-            return _compiled_race(probs, keys, _offsets(probs.shape[-1], probs.device))
+            return _compiled_race(probs, keys, offsets)
         except Exception:  # noqa: BLE001 - an optimisation must not fail a step: the same draw, eagerly
             logger.exception("compiling the keyed sampler failed; it runs as plain kernels")
             _compiled_race = False
-    return _race(probs, keys, token_offsets(probs.shape[-1], probs.device))
+    return _race(probs, keys, offsets)
 
 
 def _race(probs: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -122,4 +123,5 @@ def _race(probs: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor) -> tor
 
 @functools.cache
 def _offsets(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """token_offsets, made once per vocabulary and device (never written: _race adds the keys into a new tensor)."""
     return token_offsets(vocab_size, device)

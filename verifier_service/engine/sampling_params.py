@@ -1,6 +1,7 @@
 """Per-request sampling parameters, validated once when the request enters the engine."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,12 +85,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    @property
+    # Asked of every request at every step (engine._score_greedy, LogitsProcessorInputs.build): worked out once.
+    @functools.cached_property
     def penalizes(self) -> bool:
         """Whether a penalty applies: the logits depend on the tokens so far (prompt and output)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
-    @property
+    @functools.cached_property
     def adjusts_logits(self) -> bool:
         """Whether a penalty or a logit bias changes the target's logits (logits_processors.py)."""
         return self.penalizes or bool(self.logit_bias)

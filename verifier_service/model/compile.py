@@ -70,6 +70,7 @@ def _compiled(method, static_token_counts: set[int]):
 
     def run(hidden: torch.Tensor, *args):
         tokens = hidden.shape[0]
-        compiled = dynamic if tokens not in static_token_counts else one_row if tokens == 1 else few_rows
-        return compiled(hidden, *args)
+        if tokens not in static_token_counts:
+            return dynamic(hidden, *args)
+        return (one_row if tokens == 1 else few_rows)(hidden, *args)
     return run
