@@ -45,17 +45,21 @@ async def test_stop_returns_while_a_request_is_generating():
 
 
 class GatedRunner(FakePagedRunner):
-    """Holds every forward until `release` is set, and records which requests each forward ran."""
+    """Runs one forward per `permit` released (`open()`: all from now on); `entered` counts the forwards begun,
+    `forwards` records which requests each ran."""
 
     def __init__(self) -> None:
         super().__init__(num_blocks=300, block_size=4, vocab_size=32, max_model_len=1024)
-        self.entered, self.release = threading.Event(), threading.Event()
+        self.permit, self.entered = threading.Semaphore(0), threading.Semaphore(0)
         self.forwards: list[list[str]] = []
+
+    def open(self) -> None:
+        self.permit.release(1_000)
 
     def execute(self, batch):
         self.forwards.append([r.request_id for r in batch.requests])
-        self.entered.set()
-        self.release.wait(10)
+        self.entered.release()
+        self.permit.acquire(timeout=10)
         return super().execute(batch)
 
 
@@ -68,39 +72,26 @@ async def test_an_abort_during_a_step_frees_the_request_at_once_and_keeps_it_out
     loop.start()
     try:
         loop.add("cancelled", [1, 2, 3], LONG)
-        assert await asyncio.to_thread(runner.entered.wait, 5)  # the thread is inside the request's forward
+        assert await asyncio.to_thread(runner.entered.acquire, timeout=5)  # the thread is inside the request's forward
         loop.abort("cancelled")
         for load in (loop.engine.load(), loop.load):  # before that forward ended (and reported as such)
             assert (load.num_running, load.num_used_blocks) == (0, 0)
-        runner.release.set()
+        runner.open()
         follower = loop.add("follower", [4, 5], SamplingParams(max_tokens=2))
         while not (await follower.get()).finished:
             pass
         assert runner.forwards[0] == ["cancelled"]
         assert all("cancelled" not in forward for forward in runner.forwards[1:]), runner.forwards
     finally:
-        runner.release.set()
+        runner.open()
         loop.stop()
-
-
-class SteppedRunner(FakePagedRunner):
-    """Runs one forward per `permit` released; `entered` counts the forwards begun."""
-
-    def __init__(self) -> None:
-        super().__init__(num_blocks=300, block_size=4, vocab_size=32, max_model_len=1024)
-        self.permit, self.entered = threading.Semaphore(0), threading.Semaphore(0)
-
-    def execute(self, batch):
-        self.entered.release()
-        self.permit.acquire(timeout=10)
-        return super().execute(batch)
 
 
 async def test_requests_the_thread_has_added_count_in_the_load_before_the_next_step_ends():
     """The load report (and the queue limit, read from it) counts a request from its arrival on: the engine
     thread's snapshot must include the requests it has just added, not only those left pending - between the
     two, a full queue once read as empty for a whole (seconds-long) step and let requests past its limit."""
-    runner = SteppedRunner()
+    runner = GatedRunner()
     loop = EngineLoop(Engine(EngineConfig(num_speculative_tokens=0, async_scheduling=False), runner=runner))
     loop.start()
     try:
@@ -113,6 +104,5 @@ async def test_requests_the_thread_has_added_count_in_the_load_before_the_next_s
         load, num_pending = loop.queue_state()
         assert load.num_running + load.num_waiting + num_pending == 3, (load, num_pending)
     finally:
-        for _ in range(100):
-            runner.permit.release()
+        runner.open()
         loop.stop()
