@@ -5,7 +5,6 @@ The engine drafts on every step (adaptive_drafting off) through the drafter's ow
 (LocalProposer, native when built), and must equal transformers' greedy generate token for token.
 """
 import pytest
-from transformers import AutoTokenizer
 
 from drafter_service.local import LocalProposer
 from specd.default_model import resolve_model_path
@@ -29,8 +28,7 @@ CONFIG = EngineConfig(model="default", device="cpu", dtype="float32", block_size
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
-    return [tokenizer(text)["input_ids"] for text in TEXTS]
+    return reference.default_model_token_ids(TEXTS)
 
 
 @pytest.fixture(scope="module")

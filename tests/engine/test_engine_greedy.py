@@ -6,7 +6,6 @@ adversarial drafts, and without drafts, must all equal transformers' greedy gene
 import dataclasses
 
 import pytest
-from transformers import AutoTokenizer
 
 from specd.default_model import resolve_model_path
 from support import reference
@@ -37,8 +36,7 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
-    encoded = [tokenizer(text)["input_ids"] for text in TEXTS]
+    encoded = reference.default_model_token_ids(TEXTS)
     assert len({len(p) for p in encoded}) == len(encoded)
     return encoded
 

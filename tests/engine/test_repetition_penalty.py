@@ -4,7 +4,6 @@ scheduling off and on."""
 import dataclasses
 
 import pytest
-from transformers import AutoTokenizer
 
 from specd.default_model import resolve_model_path
 from support import reference
@@ -27,8 +26,7 @@ CONFIG = EngineConfig(model="default", device="cpu", dtype="float32", block_size
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
-    return [tokenizer(text)["input_ids"] for text in TEXTS]
+    return reference.default_model_token_ids(TEXTS)
 
 
 @pytest.fixture(scope="module")

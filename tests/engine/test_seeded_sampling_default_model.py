@@ -5,9 +5,8 @@ real model's, computed in batches of other shapes.)"""
 import dataclasses
 
 import pytest
-from transformers import AutoTokenizer
 
-from specd.default_model import resolve_model_path
+from support import reference
 from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer
 from verifier_service.engine.config import EngineConfig
@@ -29,9 +28,8 @@ KV_BLOCK_BYTES = 737_280  # one 16-token block of the default model in float32
 
 @pytest.fixture(scope="module")
 def requests() -> dict[str, tuple[list[int], SamplingParams]]:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
-    return {f"p{p}s{seed}": (tokenizer(text)["input_ids"], dataclasses.replace(SAMPLED, seed=seed))
-            for p, text in enumerate(TEXTS) for seed in SEEDS}
+    return {f"p{p}s{seed}": (prompt, dataclasses.replace(SAMPLED, seed=seed))
+            for p, prompt in enumerate(reference.default_model_token_ids(TEXTS)) for seed in SEEDS}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ SmolLM2-135M has 9 query heads in 3 KV groups: rank 0 holds two groups, rank 1 o
 import dataclasses
 
 import pytest
-from transformers import AutoTokenizer
 
 from specd.default_model import resolve_model_path
 from support import reference
@@ -30,8 +29,7 @@ CONFIG = EngineConfig(model="default", device="cpu", dtype="float32", block_size
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
-    return [tokenizer(text)["input_ids"] for text in TEXTS]
+    return reference.default_model_token_ids(TEXTS)
 
 
 @pytest.fixture(scope="module")

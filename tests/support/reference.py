@@ -4,7 +4,8 @@
 to perturb the numerics). Each result is stored under ${SPECD_TEST_CACHE:-$TMPDIR/specd-test-cache},
 keyed by the model (folder, config and weight files' sizes and times), the prompt ids, the length and
 the EOS choice, so the slow reference runs once per CI run however many tests share it. `hf_logits` is
-one forward of the same model over a whole sequence, the reference for logprobs.
+one forward of the same model over a whole sequence, the reference for logprobs. `default_model_token_ids` is
+the default model's tokenizer on test texts.
 """
 from __future__ import annotations
 
@@ -81,3 +82,13 @@ def hf_logits(model_dir: str | Path, token_ids: list[int]):
 
     with torch.inference_mode():
         return _load(str(Path(model_dir)))(torch.tensor([list(token_ids)])).logits[0].float()
+
+
+def default_model_token_ids(texts: list[str]) -> list[list[int]]:
+    """Each text's token ids under the default model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from specd.default_model import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
+    return [tokenizer(text)["input_ids"] for text in texts]
