@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
-#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm]
+#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels]
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
 # .device/old; nanovllm: specd's throughput (speculation off / on, async) alternating with nano-vllm's own
-# bench.py on the same workload and card (peers in .device/peers).
+# bench.py on the same workload and card (peers in .device/peers); nanovllm_before: the same with the code in
+# .device/old as a third column; kernels: specd's and nano-vllm's device time on that workload by kernel family
+# (after nanovllm, which installs nano-vllm's wheels).
 # Tensor parallelism (issue 15; a machine of 2 or 4 GPUs; each part has its own time limit, see tp_run):
 # tpsmoke = the cheapest check, a small random Llama at TP 2 three times (eager; CUDA graphs without compile;
 # compiled + graphs as the verifier runs), each phase timed (bench/gpu_tp.py smoke), ~2-3 min in all;
@@ -63,6 +65,13 @@ for part in "$@"; do
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
         python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
       done ;;
+    nanovllm_before) models qwen3-0.6b && for round in 1 2; do  # issue 18: the code in .device/old as a third column
+        bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
+        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
+        (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled 2>&1) | tee -a "$OUT/throughput_before.log" | tail -2
+      done ;;
+    kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A40 "under the profiler" | grep -v '^{'
+      PYTHONPATH=/tmp/peer-site:$PWD/.device/peers/nano-vllm:$PYTHONPATH python3 bench/nano_kernels.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/nano_kernels.log" | grep -A40 "under the profiler" ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
     tpsmoke) TAIL=12 tp_run 90 tp_smoke_eager python3 bench/gpu_tp.py smoke eager --tp 2
       TAIL=12 tp_run 120 tp_smoke_graphs python3 bench/gpu_tp.py smoke graphs --tp 2

@@ -2,7 +2,7 @@
 [100, 1024], random token ids, temperature 0.6, ignore_eos; per engine configuration (see CONFIGS).
 
 Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
-       [--schedule async,sync,...] [--cprofile]
+       [--schedule async,sync,...] [--cprofile] [--kernels]
 Throughput = output tokens / wall time of the whole run (prefill included), as nano-vllm counts it.
 --schedule runs the workload once per entry on the same engine (one compile and capture), with async
 scheduling on or off (engine.py), so the two can be compared on one host, alternating.
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
@@ -53,7 +54,7 @@ def run(engine: Engine, prompts, max_tokens) -> tuple[float, int]:
 
 
 def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: list[str],
-            profile: bool = False, freeze: bool = True) -> list[dict]:
+            profile: bool = False, freeze: bool = True, kernels: bool = False) -> list[dict]:
     speculation, changes = CONFIGS[name]
     config = EngineConfig(model=model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
                           kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
@@ -78,6 +79,12 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
         rows.append(measure_run(engine, f"{name}/{schedule}", prompts, max_tokens, profile, config.max_num_seqs))
         rows[-1]["load_compile_capture_s"] = load_s
         print(json.dumps(rows[-1]), flush=True)
+    if kernels:  # one more run under the profiler: where the device time goes, and how long the device idles
+        from kernel_table import print_table, profiled
+
+        (seconds, produced), wall, table = profiled(run, engine, prompts, max_tokens)
+        print(f"{name}: {produced / seconds:.0f} tok/s under the profiler")
+        print_table(f"specd {name}, nano-vllm's workload", wall, table)
     del engine
     torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
     gc.unfreeze()
@@ -143,13 +150,15 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--schedule", default="async", help="async / sync per run of each config, e.g. async,sync")
     parser.add_argument("--cprofile", action="store_true", help="print the host's hottest functions per config")
+    parser.add_argument("--kernels", action="store_true", help="one more run per config under torch's profiler: "
+                        "device busy / wall and the kernels that take the time (bench/kernel_table.py)")
     parser.add_argument("--no-gc-freeze", action="store_true", help="skip the verifier's gc.freeze() after warm-up")
     args = parser.parse_args()
     prompts, max_tokens = workload(args.num_seqs)
     schedules = args.schedule.split(",")
     rows = [row for name in args.configs.split(",")
             for row in measure(name, args.model, args.eager, prompts, max_tokens, schedules, args.cprofile,
-                               not args.no_gc_freeze)]
+                               not args.no_gc_freeze, args.kernels)]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "rows": rows}, indent=1))
     print(f"\n{card}, {args.num_seqs} seqs, {'eager' if args.eager else 'CUDA graphs'}")
