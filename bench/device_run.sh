@@ -65,9 +65,9 @@ for part in "$@"; do
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
         python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
       done ;;
-    nanovllm_before) models qwen3-0.6b && for round in 1 2; do  # issue 18: the code in .device/old as a third column
+    nanovllm_before) models qwen3-0.6b && for round in $(seq "${ROUNDS:-2}"); do  # the code in .device/old as a third column
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
-        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
+        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs "${CONFIGS:-compiled,compiled+ngram-adaptive}" 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
         (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled 2>&1) | tee -a "$OUT/throughput_before.log" | tail -2
       done ;;
     kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A40 "under the profiler" | grep -v '^{'

@@ -46,6 +46,7 @@ from bench.gpu_throughput import run, workload  # noqa: E402
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
+from verifier_service.engine.warm_up import warm_up  # noqa: E402
 
 PROMPT = list(range(1, 513))
 K = 4
@@ -151,7 +152,8 @@ def throughput_row(model_dir: Path, tp: int, num_seqs: int) -> dict:
     started = time.perf_counter()
     engine = Engine(config)
     try:
-        run(engine, [prompts[0][:100]], [16])  # warm-up (compiles the prefill shapes)
+        warm_up(engine)  # as the verifier does (the keyed sampler compiles for one row and for several)
+        run(engine, [prompts[0][:100]], [16])  # and a prefill of the workload's kind
         start_s = time.perf_counter() - started
         gc.collect()
         gc.freeze()  # as the verifier does after its warm-up

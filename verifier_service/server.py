@@ -26,7 +26,7 @@ from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.convert import ModelLimits
 from verifier_service.engine.engine import Engine, build_model_runner
-from verifier_service.engine.sampling_params import SamplingParams
+from verifier_service.engine.warm_up import warm_up
 from verifier_service.engine_loop import EngineLoop
 from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
 from verifier_service.service import VerifierServicer
@@ -159,17 +159,8 @@ def _drafter_client(config: VerifierConfig):
 
 
 def _warm_up(engine: Engine) -> None:
-    """A prefill and a few decode steps, greedy, then sampled alone and beside a greedy request (on CUDA the
-    keyed sampler compiles once for one row and once for several), so the first real request does not pay
-    for lazy set-up."""
-    prompt, greedy = [1, 2, 3, 4, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=2, temperature=1.0, seed=0, ignore_eos=True)
-    for requests in ({"warmup": greedy}, {"warmup-sampled": sampled}, {"warmup": greedy, "warmup-sampled": sampled}):
-        for request_id, params in requests.items():
-            engine.add_request(request_id, prompt, params)
-        while engine.has_unfinished_requests():
-            engine.step()
-    engine.take_step_stats()  # the warm-up does not count in the metrics
+    """The engine's warm-up (engine/warm_up.py), then the collector told to leave what start-up made alone."""
+    warm_up(engine)
     # Loading, compiling and capturing leave millions of long-lived Python objects (torch.compile's
     # caches among them). Frozen, Python's full collections stop walking them: a collection pause in
     # the engine loop is time the GPU waits for the host under async scheduling.

@@ -1,0 +1,20 @@
+"""The engine's warm-up: what the verifier runs before it reports SERVING, and what GPU benches run before
+they time anything, so both pay for lazy set-up in the same place."""
+from __future__ import annotations
+
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.sampling_params import SamplingParams
+
+
+def warm_up(engine: Engine) -> None:
+    """A prefill and a few decode steps, greedy, then sampled alone and beside a greedy request (on CUDA the
+    keyed sampler compiles once for one row and once for several), so the first real request does not pay
+    for lazy set-up. Leaves no request behind and no step stats."""
+    prompt, greedy = [1, 2, 3, 4, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=2, temperature=1.0, seed=0, ignore_eos=True)
+    for requests in ({"warmup": greedy}, {"warmup-sampled": sampled}, {"warmup": greedy, "warmup-sampled": sampled}):
+        for request_id, params in requests.items():
+            engine.add_request(request_id, prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+    engine.take_step_stats()  # the warm-up does not count in the metrics
