@@ -23,7 +23,7 @@ FAMILIES = [
 
 def family(name: str) -> str:
     for pattern, label in FAMILIES:
-        if re.search(pattern, name):
+        if re.search(pattern, name, re.IGNORECASE):
             return label
     return "other"
 

@@ -98,8 +98,9 @@ async def run_workload(address: str, prompts: list[str], concurrency: int, max_t
 
 
 def stage_seconds(metrics_url: str) -> dict[str, float]:
-    """Total seconds per engine step stage, and the number of steps under "steps", from the verifier's metrics."""
-    totals: dict[str, float] = {"steps": 0.0}
+    """Total seconds per engine step stage, the number of steps under "steps", and forward passes replayed from
+    CUDA graphs / run eagerly under "graph" / "eager", from the verifier's metrics."""
+    totals: dict[str, float] = {"steps": 0.0, "graph": 0.0, "eager": 0.0}
     for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
         for sample in family.samples:
             stage = sample.labels.get("stage")
@@ -107,6 +108,8 @@ def stage_seconds(metrics_url: str) -> dict[str, float]:
                 totals[stage] = totals.get(stage, 0.0) + sample.value
             elif sample.name == "specd_step_stage_seconds_count" and stage == "update":
                 totals["steps"] += sample.value  # every step updates once (specd_step_tokens counts forward passes)
+            elif sample.name == "specd_forward_passes_total":
+                totals[sample.labels["path"]] += sample.value
     return totals
 
 
@@ -272,15 +275,17 @@ def batch1_prompts(args: argparse.Namespace, prompts: list[str]) -> list[str]:
 def report_hop_cost(result: RunResult, before: dict[str, float], after: dict[str, float]) -> None:
     """At batch 1 the engine works only for this client: wall time beyond its step time is the hops' cost
     (gateway tokenize / route / detokenize, two gRPC hops, the engine thread hand-off). Also the engine's
-    mean ms per step in each stage (propose: waiting for the drafter; verify: waiting for the device)."""
+    mean ms per step in each stage (propose: waiting for the drafter; verify: waiting for the device), and how
+    many forwards replayed a CUDA graph (on a GPU, eager decode / verify steps mean a shape was not captured)."""
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
-    steps = delta.pop("steps")
+    steps, graph, eager = delta.pop("steps"), delta.pop("graph"), delta.pop("eager")
     engine_seconds = sum(delta.values())
     overhead = result.wall_seconds - engine_seconds
     stages = ", ".join(f"{name} {1000 * value / max(steps, 1):.3f}" for name, value in delta.items())
     print(f"{result.label}: {steps:.0f} steps, engine {engine_seconds:.2f} s "
           f"({1000 * engine_seconds / max(steps, 1):.1f} ms/step: {stages}), client wall "
-          f"{result.wall_seconds:.2f} s, outside the engine {100 * overhead / result.wall_seconds:.1f}%")
+          f"{result.wall_seconds:.2f} s, outside the engine {100 * overhead / result.wall_seconds:.1f}%; "
+          f"forwards {graph:.0f} replayed from CUDA graphs, {eager:.0f} eager")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ class VerifierMetrics:
                                             buckets=_STAGE_BUCKETS, registry=registry)
         self.step_tokens = Histogram("specd_step_tokens", "Tokens fed to the model per forward pass.",
                                      buckets=_TOKEN_BUCKETS, registry=registry)
+        self.forward_passes = counter("forward_passes", "Forward passes of the target model by how they ran: "
+                                      "path=graph replayed a captured CUDA graph, path=eager did not (prompt "
+                                      "chunks, batches outside the captured shapes, the CPU).", ("path",))
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting for KV blocks or a batch slot.")
         self.kv_cache_usage_ratio = gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).")
@@ -52,6 +55,8 @@ class VerifierMetrics:
                                              "the host (async scheduling).")
         for stage in STEP_STAGES:
             self.step_stage_seconds.labels(stage=stage)
+        for path in ("graph", "eager"):
+            self.forward_passes.labels(path=path)
         for position in range(num_draft_positions):
             self.num_accepted_tokens_per_pos.labels(position=str(position))
 
@@ -86,6 +91,10 @@ class VerifierMetricsExporter:
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
         for num_tokens in step.forward_tokens:  # one observation per forward pass
             metrics.step_tokens.observe(num_tokens)
+        if step.num_graph_replays:
+            metrics.forward_passes.labels(path="graph").inc(step.num_graph_replays)
+        if len(step.forward_tokens) > step.num_graph_replays:
+            metrics.forward_passes.labels(path="eager").inc(len(step.forward_tokens) - step.num_graph_replays)
         spec = step.spec_decoding
         self._interval_log.observe(spec)
         if spec is not None and spec.num_drafts:

@@ -15,6 +15,7 @@ VERIFIER_FAMILIES = {
     "specd_num_preemptions": "counter",
     "specd_drafter_fallbacks": "counter",
     "specd_steps_scheduled_ahead": "counter",  # beyond CONTRACT.md: async scheduling
+    "specd_forward_passes": "counter",  # beyond CONTRACT.md: label path (graph | eager)
 }
 GATEWAY_FAMILIES = {
     "specd_time_to_first_token_seconds": "histogram",

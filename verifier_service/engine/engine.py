@@ -228,8 +228,11 @@ class Engine:
     @timed_stage("score")
     def _score(self, batch: ScheduledBatch) -> torch.Tensor | None:
         """Launches the forward (on CUDA the host returns before the device is done)."""
-        self.step_stats.current.forward_tokens.append(batch.num_tokens)
-        return self.runner.execute(batch) if batch else None
+        if not batch:
+            return None
+        logits = self.runner.execute(batch)
+        self._count_forward(batch, getattr(self.runner, "last_forward_replayed", False))
+        return logits
 
     @timed_stage("score")
     def _score_greedy(self, batch: ScheduledBatch, requests: list[Request]) -> PendingVerification | None:
@@ -245,9 +248,13 @@ class Engine:
         verdict = execute_greedy(batch)
         if verdict is None:
             return None
-        self.step_stats.current.forward_tokens.append(batch.num_tokens)
+        self._count_forward(batch, replayed=True)  # a verdict comes only from a graph
         rows, continuation = verdict
         return PendingVerification(rows, list(range(len(requests))), len(requests), continuation)
+
+    def _count_forward(self, batch: ScheduledBatch, replayed: bool) -> None:
+        self.step_stats.current.forward_tokens.append(batch.num_tokens)
+        self.step_stats.current.num_graph_replays += replayed
 
     @timed_stage("verify")
     def _verify(self, batch: ScheduledBatch, requests: list[Request],

@@ -88,6 +88,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
+        self.last_forward_replayed = False  # whether the last execute / execute_greedy replayed a CUDA graph
         self.static_token_counts = {1}  # compiled regions get static graphs of these (capture adds widths)
         self.compiled = compile_model and self.device.type == "cuda"
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
@@ -118,6 +119,7 @@ class ModelRunner:
         if not batch:
             raise ValueError("batch: no requests scheduled")
         shape = self._graph_shape(batch)
+        self.last_forward_replayed = shape is not None
         if shape is not None:
             outputs, rows = self.graphs.run(batch, shape)
             return (outputs.logits if rows is None else outputs.logits[rows]).float()
@@ -152,6 +154,7 @@ class ModelRunner:
         continuation [n, 2]) as greedy_verdict.py defines them, one row per request; None otherwise (then
         call execute and verify the logits). Only for batches whose requests all decode greedily."""
         shape = self._graph_shape(batch) if batch else None
+        self.last_forward_replayed = shape is not None
         if shape is None:
             return None
         outputs, _ = self.graphs.run(batch, shape)

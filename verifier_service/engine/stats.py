@@ -42,6 +42,7 @@ class StepStats:
 
     stage_seconds: dict[str, float] = field(default_factory=dict)  # schedule / propose / score / verify / update
     forward_tokens: list[int] = field(default_factory=list)  # tokens fed to each forward this step launched
+    num_graph_replays: int = 0  # of those forwards, the ones replayed from a captured CUDA graph
     num_output_tokens: int = 0  # tokens emitted to callers
     spec_decoding: SpecDecodingStats | None = None  # None when no request had drafts
     num_preemptions: int = 0

@@ -1,0 +1,74 @@
+"""The host's work per engine step, with the model's share made negligible: a 2-layer random Qwen3 with a 4k
+vocabulary on the CPU (one torch thread), many requests decoding at once; ms per decode step after the prefill.
+It times scheduling, input packing, sampling metadata, verification and update: the work that async scheduling
+must hide behind the device on a GPU. To compare two checkouts, run each with its own code first on the path:
+
+    .venv/bin/python bench/host_step.py --rows 1,16,256 --mode greedy
+    (cd OTHER && PYTHONPATH=$PWD /work/main/.venv/bin/python /work/main/bench/host_step.py --rows 1,16,256)
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def tiny_checkpoint(out: Path) -> Path:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from make_random_model import write_tokenizer
+
+    config = Qwen3Config(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
+                         tie_word_embeddings=True, eos_token_id=4095)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out, safe_serialization=True)
+    write_tokenizer(config, out)
+    return out
+
+
+def ms_per_step(model: Path, rows: int, temperature: float, steps: int = 100) -> float:
+    from verifier_service.engine.config import EngineConfig
+    from verifier_service.engine.engine import Engine
+    from verifier_service.engine.sampling_params import SamplingParams
+
+    config = EngineConfig(model=str(model), device="cpu", dtype="float32", block_size=16, kv_cache_bytes=2 << 30,
+                          max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=2048,
+                          num_speculative_tokens=0, enable_prefix_caching=False)
+    engine, rng = Engine(config, None), random.Random(0)
+    for i in range(rows):
+        prompt = [rng.randint(0, 4000) for _ in range(rng.randint(20, 60))]
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=steps + 10, temperature=temperature,
+                                                           ignore_eos=True))
+    for _ in range(3):  # the prefill
+        engine.step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    return (time.perf_counter() - started) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1,16,256")
+    parser.add_argument("--mode", default="greedy", choices=["greedy", "sampled"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_checkpoint(Path(tmp))
+        temperature = 0.0 if args.mode == "greedy" else 0.6
+        for rows in [int(r) for r in args.rows.split(",")]:
+            times = [ms_per_step(model, rows, temperature) for _ in range(args.rounds)]
+            print(f"{args.mode} rows={rows}: " + " / ".join(f"{t:.2f}" for t in times) + " ms per step")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()

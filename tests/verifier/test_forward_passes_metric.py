@@ -1,0 +1,54 @@
+"""specd_forward_passes_total{path}: forwards replayed from a captured CUDA graph against those run eagerly, as
+the runner reports them, through the verifier's real metrics exporter."""
+from prometheus_client import CollectorRegistry
+
+from support.engine_runs import run
+from support.fake_runner import FakePagedRunner
+from support.fake_workload import MAX_TOKENS, VOCAB, add_all
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.engine import Engine
+from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
+
+
+class DecodeGraphRunner(FakePagedRunner):
+    """Reports a decode step (no prompt chunk) as replayed from a graph, as ModelRunner does on CUDA."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab_size=VOCAB)
+        self.last_forward_replayed = False
+        self.forwards = {"graph": 0, "eager": 0}
+
+    def execute(self, batch):
+        self.last_forward_replayed = all(r.start_position > 0 and r.num_logits == r.num_tokens for r in batch.requests)
+        self.forwards["graph" if self.last_forward_replayed else "eager"] += 1
+        return super().execute(batch)
+
+
+def forward_passes(registry: CollectorRegistry, path: str) -> float:
+    return registry.get_sample_value("specd_forward_passes_total", {"path": path})
+
+
+def test_the_exporter_counts_graph_replays_and_eager_forwards_as_the_runner_ran_them():
+    registry = CollectorRegistry()
+    exporter_metrics = VerifierMetrics(registry)
+    assert forward_passes(registry, "graph") == 0 and forward_passes(registry, "eager") == 0  # series from start-up
+    runner = DecodeGraphRunner()
+    engine = Engine(EngineConfig(num_speculative_tokens=0, max_num_batched_tokens=16), runner=runner)
+    exporter = VerifierMetricsExporter(exporter_metrics, engine)
+    add_all(engine)
+    outputs = run(engine)
+    exporter.export()  # drains every step's stats, as the engine loop does after each step
+    assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())
+    assert runner.forwards["graph"] > 0 and runner.forwards["eager"] > 0  # prompt chunks, then decode steps
+    assert forward_passes(registry, "graph") == runner.forwards["graph"]
+    assert forward_passes(registry, "eager") == runner.forwards["eager"]
+
+
+def test_a_runner_that_says_nothing_counts_every_forward_as_eager():
+    registry = CollectorRegistry()
+    engine = Engine(EngineConfig(num_speculative_tokens=0), runner=FakePagedRunner(vocab_size=VOCAB))
+    exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine)
+    add_all(engine)
+    run(engine)
+    exporter.export()
+    assert forward_passes(registry, "graph") == 0 and forward_passes(registry, "eager") > 0
