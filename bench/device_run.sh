@@ -70,8 +70,8 @@ for part in "$@"; do
         python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs "${CONFIGS:-compiled,compiled+ngram-adaptive}" 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
         (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled 2>&1) | tee -a "$OUT/throughput_before.log" | tail -2
       done ;;
-    kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A40 "under the profiler" | grep -v '^{'
-      PYTHONPATH=/tmp/peer-site:$PWD/.device/peers/nano-vllm:$PYTHONPATH python3 bench/nano_kernels.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/nano_kernels.log" | grep -A40 "under the profiler" ;;
+    kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A24 "under the profiler" | grep -v '^{'
+      PYTHONPATH=/tmp/peer-site:$PWD/.device/peers/nano-vllm:$PYTHONPATH python3 bench/nano_kernels.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/nano_kernels.log" | grep -A24 "under the profiler" ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
     tpsmoke) TAIL=12 tp_run 90 tp_smoke_eager python3 bench/gpu_tp.py smoke eager --tp 2
       TAIL=12 tp_run 120 tp_smoke_graphs python3 bench/gpu_tp.py smoke graphs --tp 2

@@ -43,7 +43,7 @@ def profiled(fn, *args):
     return result, wall, kernels
 
 
-def print_table(title: str, wall: float, kernels: dict[str, tuple[int, float]], top: int = 12) -> None:
+def print_table(title: str, wall: float, kernels: dict[str, tuple[int, float]], top: int = 30) -> None:
     busy = sum(seconds for _, seconds in kernels.values())
     print(f"\n{title}: wall {wall:.2f} s, kernels {busy:.2f} s ({busy / wall:.0%} busy)")
     families: dict[str, float] = {}
