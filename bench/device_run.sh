@@ -61,14 +61,10 @@ for part in "$@"; do
     enginestep) models qwen3-0.6b && python3 bench/gpu_engine_step.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/engine_step.log" | tail -5 ;;
     enginestep8b) models llama3-8b && python3 bench/gpu_engine_step.py /tmp/models/llama3-8b --tokens 128 2>&1 | tee "$OUT/engine_step8b.log" | tail -5 ;;
     enginestep_before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_engine_step.py /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/engine_step_before.log" | tail -5 ;;
-    nanovllm) models qwen3-0.6b && for round in 1 2; do
-        bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
-        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
-      done ;;
-    nanovllm_before) models qwen3-0.6b && for round in $(seq "${ROUNDS:-2}"); do  # the code in .device/old as a third column
+    nanovllm|nanovllm_before) models qwen3-0.6b && for round in $(seq "${ROUNDS:-2}"); do
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
         python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs "${CONFIGS:-compiled,compiled+ngram-adaptive}" 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
-        (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled 2>&1) | tee -a "$OUT/throughput_before.log" | tail -2
+        [ "$part" = nanovllm ] || (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled 2>&1) | tee -a "$OUT/throughput_before.log" | tail -2
       done ;;
     kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A24 "under the profiler" | grep -v '^{'
       PYTHONPATH=/tmp/peer-site:$PWD/.device/peers/nano-vllm:$PYTHONPATH python3 bench/nano_kernels.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/nano_kernels.log" | grep -A24 "under the profiler" ;;

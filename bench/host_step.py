@@ -1,6 +1,6 @@
 """The host's work per engine step, with the model's share made negligible: a 2-layer random Qwen3 with a 4k
-vocabulary on the CPU (one torch thread), many requests decoding at once; ms per decode step after the prefill.
-It times scheduling, input packing, sampling metadata, verification and update: the work that async scheduling
+vocabulary (make_random_model.py's qwen3-tiny) on the CPU, one torch thread, many requests decoding at once;
+ms per decode step after the prefill. It times scheduling, input packing, sampling metadata, verification and update: the work that async scheduling
 must hide behind the device on a GPU. To compare two checkouts, run each with its own code first on the path:
 
     .venv/bin/python bench/host_step.py --rows 1,16,256 --mode greedy
@@ -10,25 +10,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-
-def tiny_checkpoint(out: Path) -> Path:
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    from make_random_model import write_tokenizer
-
-    config = Qwen3Config(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
-                         tie_word_embeddings=True, eos_token_id=4095)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out, safe_serialization=True)
-    write_tokenizer(config, out)
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_random_model  # noqa: E402
 
 
 def ms_per_step(model: Path, rows: int, temperature: float, steps: int = 100) -> float:
@@ -60,7 +50,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        model = tiny_checkpoint(Path(tmp))
+        model = Path(tmp)
+        make_random_model.main("qwen3-tiny", str(model))
         temperature = 0.0 if args.mode == "greedy" else 0.6
         for rows in [int(r) for r in args.rows.split(",")]:
             times = [ms_per_step(model, rows, temperature) for _ in range(args.rounds)]
@@ -68,7 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

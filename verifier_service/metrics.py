@@ -91,10 +91,10 @@ class VerifierMetricsExporter:
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
         for num_tokens in step.forward_tokens:  # one observation per forward pass
             metrics.step_tokens.observe(num_tokens)
-        if step.num_graph_replays:
-            metrics.forward_passes.labels(path="graph").inc(step.num_graph_replays)
-        if len(step.forward_tokens) > step.num_graph_replays:
-            metrics.forward_passes.labels(path="eager").inc(len(step.forward_tokens) - step.num_graph_replays)
+        for path, count in (("graph", step.num_graph_replays),
+                            ("eager", len(step.forward_tokens) - step.num_graph_replays)):
+            if count:
+                metrics.forward_passes.labels(path=path).inc(count)
         spec = step.spec_decoding
         self._interval_log.observe(spec)
         if spec is not None and spec.num_drafts:

@@ -71,7 +71,7 @@ def exponential_noise(
     vocab_size: int,
 ) -> torch.Tensor:  # [num_rows, vocab_size] float32, Exp(1) distributed
     """E(key, v) for every token v: the row's SplitMix64 stream, turned into Exp(1) noise."""
-    return _exponential(keys.unsqueeze(1) + token_offsets(vocab_size, keys.device))
+    return _exponential(keys.unsqueeze(1) + _offsets(vocab_size, keys.device))
 
 
 def token_offsets(vocab_size: int, device: torch.device) -> torch.Tensor:  # [vocab_size] int64
