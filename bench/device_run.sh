@@ -22,7 +22,9 @@
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl || exit 1
+# Installed once per machine, so that several parts may run side by side (on different GPUs) in one call.
+[ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
+  touch /tmp/site/.specd-installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
 models() { for p in "$@"; do [ -d "/tmp/models/$p" ] || python3 bench/make_random_model.py "$p" "/tmp/models/$p" >/dev/null; done; }

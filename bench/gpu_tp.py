@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import re
 import sys
 import tempfile
@@ -65,6 +66,16 @@ class ReplayDrafts:
         pass
 
 
+def start_ranks(config: EngineConfig, drafts: bool = True):
+    """The runner of config's ranks; a rank that dies or hangs, even during start-up, ends this process at once
+    (as it ends the verifier) instead of leaving rank 0 to compile and capture alone until the time limit."""
+    def give_up(reason: str) -> None:
+        print(f"tensor parallelism failed: {reason}", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    return build_model_runner(config, drafts, on_rank_failure=give_up)
+
+
 def generate(engine: Engine, tokens: int, k: int = 0) -> tuple[list[int], float, int]:
     """One greedy request after PROMPT: (its tokens, seconds after the prefill step, steps after it)."""
     engine.add_request("a", PROMPT, SamplingParams(max_tokens=tokens, ignore_eos=True, num_speculative_tokens=k))
@@ -83,7 +94,7 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
                           max_speculative_tokens=K, adaptive_drafting=False, enable_prefix_caching=False,
                           tensor_parallel_size=tp, random_weights=True)
     started = time.perf_counter()
-    runner = build_model_runner(config)  # one set of ranks for the engines below
+    runner = start_ranks(config)  # one set of ranks for the engines below
     try:
         plain, drafted = Engine(config, None, runner), Engine(config, FixedDrafts(), runner)
         generate(plain, 16)  # warm-up: the eager shapes compile here
@@ -127,7 +138,7 @@ def smoke(mode: str, tp: int) -> dict:
         print(f"smoke {mode} tp={tp}: {name} done in {seconds[name]:.2f} s", flush=True)
 
     with timed("start-up"):
-        runner = build_model_runner(config)
+        runner = start_ranks(config)
     try:
         with timed("1 request: prefill + 31 decode steps"):
             generate(Engine(config, None, runner), 32)
@@ -150,7 +161,7 @@ def throughput_row(model_dir: Path, tp: int, num_seqs: int) -> dict:
                           tensor_parallel_size=tp)
     prompts, max_tokens = workload(num_seqs)
     started = time.perf_counter()
-    engine = Engine(config)
+    engine = Engine(config, None, start_ranks(config, drafts=False))
     try:
         warm_up(engine)  # as the verifier does (the keyed sampler compiles for one row and for several)
         run(engine, [prompts[0][:100]], [16])  # and a prefill of the workload's kind

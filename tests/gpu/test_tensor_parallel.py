@@ -122,7 +122,7 @@ def test_default_model_greedy_with_speculation_equals_without_on_two_ranks():
     from transformers import AutoTokenizer
 
     from drafter_service.config import DrafterConfig
-    from drafter_service.local import LocalNgramProposer
+    from drafter_service.local import LocalProposer
     from specd.default_model import resolve_model_path
 
     try:
@@ -138,7 +138,7 @@ def test_default_model_greedy_with_speculation_equals_without_on_two_ranks():
     runner = build_model_runner(config)  # one set of ranks for both engines
     try:
         plain = generate_greedy(Engine(config, None, runner), prompts, 96)
-        engine = Engine(config, LocalNgramProposer(DrafterConfig(min_ngram=1, max_ngram=4)), runner)
+        engine = Engine(config, LocalProposer(DrafterConfig(min_ngram=1, max_ngram=4)), runner)
         speculative = generate_greedy(engine, prompts, 96)
         gaps = {rid: first_difference_gap(runner, prompts[int(rid[1:])], plain[rid], speculative[rid])
                 for rid in plain if speculative[rid] != plain[rid]}

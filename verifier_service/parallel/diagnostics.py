@@ -6,7 +6,9 @@ A hang across processes is silent: every rank waits in a collective for another.
   `kill -USR1 <pid>` on a live verifier); rank 0's watch writes its own and signals every other rank when it
   declares a step hung (supervisor.py);
 - with SPECD_TENSOR_PARALLEL_DUMP_S=S, a phase or one of the first steps that runs longer than S seconds
-  writes its rank's stacks every S seconds while it lasts (faulthandler), without any signal from outside.
+  writes its rank's stacks every S seconds while it lasts, without any signal from outside. A Python thread
+  formats them, holding the interpreter lock: faulthandler's timed dump reads the other threads' frames without
+  it, and on H100s it crashed ranks (SIGSEGV) that were compiling with inductor's worker threads running.
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import faulthandler
 import logging
 import os
 import signal
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -50,24 +55,41 @@ def dump_stacks(other_ranks: Iterable[int]) -> None:
             pass
 
 
+def format_stacks() -> str:
+    """Every thread's Python stack, innermost call last, as traceback prints it (taken under the GIL)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(f"Thread {names.get(ident, ident)} (most recent call first):\n"
+                     + "".join(reversed(traceback.format_stack(frame)))
+                     for ident, frame in sys._current_frames().items())
+
+
 @contextmanager
 def phase(rank: int, name: str) -> Iterator[None]:
     """Logs `name` on rank `rank` when it begins and ends (with its seconds); with SPECD_TENSOR_PARALLEL_DUMP_S,
-    writes the rank's stacks while it runs longer. Phases do not nest (faulthandler has one timer)."""
+    writes the rank's stacks every that many seconds while it runs."""
     dump_s = dump_after_s()
     logger.info("rank %d: %s ...", rank, name)
     began = time.monotonic()
+    done = threading.Event()
     if dump_s is not None:
-        faulthandler.dump_traceback_later(dump_s, repeat=True)
+        threading.Thread(target=_dump_while_running, args=(rank, name, began, dump_s, done), daemon=True,
+                         name=f"rank-{rank}-phase-watch").start()
     try:
         yield
     except BaseException:
         logger.error("rank %d: %s failed after %.2f s", rank, name, time.monotonic() - began)
         raise
     finally:
-        if dump_s is not None:
-            faulthandler.cancel_dump_traceback_later()
+        done.set()
     logger.info("rank %d: %s done in %.2f s", rank, name, time.monotonic() - began)
+
+
+def _dump_while_running(rank: int, name: str, began: float, every_s: float, done: threading.Event) -> None:
+    while not done.wait(every_s):
+        stacks = format_stacks()
+        if not done.is_set():
+            logger.warning("rank %d: %s still running after %.0f s; its stacks:\n%s", rank, name,
+                           time.monotonic() - began, stacks)
 
 
 def describe_step(batch: ScheduledBatch, runner) -> str:
