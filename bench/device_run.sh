@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels]
-#                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency70b] [tpthroughput]
+#                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2oneshot]
+#                            [tplatency4oneshot] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -13,8 +14,9 @@
 # tpsmoke = the cheapest check, a small random Llama at TP 2 three times (eager; CUDA graphs without compile;
 # compiled + graphs as the verifier runs), each phase timed (bench/gpu_tp.py smoke), ~2-3 min in all;
 # tptests = the TP GPU tests (~5 min: five model builds, four compiled anew); tplatency1 / tplatency2 /
-# tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2 min each; tplatency = all three), rows
-# collected in one table across parts;
+# tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2-3 min each; tplatency = all three), rows
+# collected in one table across parts; tplatency2oneshot / tplatency4oneshot = the same with the one-shot
+# all-reduce over symmetric memory (SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot) instead of NCCL's;
 # tplatency70b = Llama-3-70B shapes at TP 4 with speculation on / off (weights drawn on each GPU, no checkpoint);
 # tpthroughput = nano-vllm's workload at TP 2 on a Qwen3-8B-shaped checkpoint, nano-vllm's own tp2 run first in
 # the same call (.device/peers, a copy of /work/shared/device/peers). NCCL's NVLink multicast stays off as the
@@ -48,7 +50,7 @@ tp_run() {
   echo "$name: exit code $code after $((SECONDS - began)) s ($log)"
   tail -n "${TAIL:-25}" "$log"
 }
-tp_latency() { tp_run 270 "tp_latency_tp$1" python3 bench/gpu_tp.py latency qwen3-8b --tp "$1" --rows "$OUT/tp_latency_rows.jsonl"; }
+tp_latency() { tp_run 270 "tp_latency_tp$1${SPECD_TENSOR_PARALLEL_ALL_REDUCE:+_$SPECD_TENSOR_PARALLEL_ALL_REDUCE}" python3 bench/gpu_tp.py latency qwen3-8b --tp "$1" --rows "$OUT/tp_latency_rows.jsonl"; }
 for part in "$@"; do
   case $part in
     tests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu tests/engine_model/test_flash_attention.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
@@ -77,6 +79,7 @@ for part in "$@"; do
     tptests) TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO tests/gpu/test_tensor_parallel.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
+    tplatency2oneshot|tplatency4oneshot) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot tp_latency "${p%oneshot}" ;;
     tplatency70b) tp_run 300 tp_latency70b python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation --rows "$OUT/tp_latency_rows.jsonl" ;;
     tpthroughput) models qwen3-8b && bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-8b tp2 2>&1 | tee "$OUT/nano_tp2.log" | tail -3
       tp_run 420 tp_throughput python3 bench/gpu_tp.py throughput /tmp/models/qwen3-8b --tp 2 --num-seqs 128 --peer-log "$OUT/nano_tp2.log" ;;

@@ -150,12 +150,14 @@ def test_sigterm_stops_every_rank_cleanly(start_serving):
     assert psutil.wait_procs(ranks, timeout=30)[1] == []  # none left alive
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tensor-parallel-size", "3"], "tensor_parallel_size: 3 ranks cannot share the model's 2 KV heads"),
-    (["--device", "cuda", "--tensor-parallel-size", "64"], "tensor_parallel_size: 64 ranks need 64 GPUs"),
-], ids=["heads", "gpus"])
-def test_a_bad_combination_fails_start_up_naming_it(model_dir, args, message):
-    service = verifier(model_dir, *args)
+@pytest.mark.parametrize("args, env, message", [
+    (["--tensor-parallel-size", "3"], {}, "tensor_parallel_size: 3 ranks cannot share the model's 2 KV heads"),
+    (["--device", "cuda", "--tensor-parallel-size", "64"], {}, "tensor_parallel_size: 64 ranks need 64 GPUs"),
+    ([], {"SPECD_TENSOR_PARALLEL_ALL_REDUCE": "two-shot"},
+     "SPECD_TENSOR_PARALLEL_ALL_REDUCE: must be one of nccl, one-shot, got 'two-shot'"),
+], ids=["heads", "gpus", "all-reduce"])
+def test_a_bad_combination_fails_start_up_naming_it(model_dir, args, env, message):
+    service = verifier(model_dir, *args, **env)
     try:
         code = service.process.wait(timeout=120)
     except subprocess.TimeoutExpired:

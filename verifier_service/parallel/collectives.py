@@ -3,7 +3,9 @@
 `all_reduce_` is registered as a custom op so that torch.compile keeps it as one opaque call inside the
 compiled layer regions (model/compile.py) instead of tracing into torch.distributed; at run time, and
 while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it into the graph like any
-kernel, as nano-vllm's and vLLM's captured decode steps do).
+kernel, as nano-vllm's and vLLM's captured decode steps do), or, where SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot
+set one up at start-up, the one-shot all-reduce over symmetric memory for the tensors it takes
+(one_shot_all_reduce.py).
 """
 from __future__ import annotations
 
@@ -12,12 +14,22 @@ import torch.distributed as dist
 
 # torch 2.13 renamed all_gather_into_tensor (same arguments); the GPU image's torch 2.11 has only the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_one_shot = None  # this rank's OneShotAllReduce, when start-up set one up (use_one_shot)
+
+
+def use_one_shot(one_shot) -> None:
+    """Sends the all-reduces one_shot fits through it from now on (None: NCCL / gloo for all)."""
+    global _one_shot
+    _one_shot = one_shot
 
 
 @torch.library.custom_op("specd::tensor_parallel_all_reduce", mutates_args=("tensor",))
 def all_reduce_(tensor: torch.Tensor) -> None:
     """Sums `tensor` over the ranks, in place."""
-    dist.all_reduce(tensor)
+    if _one_shot is not None and _one_shot.fits(tensor):
+        _one_shot(tensor)
+    else:
+        dist.all_reduce(tensor)
 
 
 @all_reduce_.register_fake

@@ -19,6 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from verifier_service.parallel.collectives import use_one_shot
+
 logger = logging.getLogger(__name__)
 
 LEAVE_TIMEOUT_S = 60.0
@@ -40,6 +42,7 @@ def leave_process_groups(healthy: bool = True, timeout_s: float = LEAVE_TIMEOUT_
     False when it failed or had not returned after timeout_s (then it is left running on a daemon thread)."""
     if not dist.is_initialized():
         return True
+    use_one_shot(None)  # its symmetric buffer is mapped through the groups: dropped before they go
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     leave = abort if not healthy and abort is not None and dist.get_backend() == "nccl" else dist.destroy_process_group
     rank, errors = dist.get_rank(), []
