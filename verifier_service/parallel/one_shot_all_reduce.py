@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ class OneShotAllReduce:
 
         self.dtype = dtype
         self.group_name = dist.group.WORLD.group_name
+        with warnings.catch_warnings():  # needed by older torch (the GPU image's 2.11); deprecated, a no-op, later
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(self.group_name)
         self.buffer = symm_mem.empty(MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)  # collective: every rank maps every buffer
         self._copy_in_kernel = hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out")
