@@ -42,7 +42,7 @@ from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest  # no
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
 from verifier_service.engine.request import Request  # noqa: E402
-from verifier_service.engine.sampling import target_probabilities  # noqa: E402
+from verifier_service.engine.sampling import target_scores  # noqa: E402
 from verifier_service.engine.sampling_metadata import SamplingMetadata  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
 from workload import prompts as workload_prompts  # noqa: E402
@@ -133,8 +133,8 @@ def _previous_judge_rows(logits: torch.Tensor, metadata: SamplingMetadata, gener
     num_rows, vocab = logits.shape
     target_argmax = logits.argmax(dim=-1)
     greedy_accepted = metadata.row_draft == target_argmax
-    probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
-                                 metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
+    probs = target_scores(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
+                          metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p)).softmax(-1)
     row_has_draft = torch.ones(num_rows, dtype=torch.bool)
     row_has_draft[metadata.row_index[:, -1]] = False
     uniform = torch.rand(num_rows)

@@ -29,27 +29,27 @@ def test_keys_and_noise_on_cuda_equal_the_cpus():
 def test_the_fused_keyed_sampler_draws_the_plain_kernels_tokens(rows):
     """keyed_sample on CUDA is one compiled kernel; it must pick what the eager noise and argmax pick."""
     generator = torch.Generator().manual_seed(rows)
-    probs = torch.softmax(torch.randn(rows, 151936, generator=generator) * 4, dim=-1).cuda()
+    scores = (torch.randn(rows, 151936, generator=generator) * 4).cuda()
     keys = row_keys(torch.randint(-2**63, 2**63 - 1, (rows,), generator=generator), torch.arange(rows) * 11).cuda()
-    fused = keyed_sample(probs, keys)
+    fused = keyed_sample(scores, keys)
     assert keyed_noise._compiled_race not in (None, False), "the compiled sampler did not run"
-    plain = (probs / exponential_noise(keys, probs.shape[-1])).argmax(dim=-1)
+    plain = (scores - exponential_noise(keys, scores.shape[-1]).log()).argmax(dim=-1)
     assert torch.equal(fused, plain)
-    assert torch.equal(token_offsets(151936, probs.device), keyed_noise._offsets(151936, probs.device))  # unchanged
+    assert torch.equal(token_offsets(151936, scores.device), keyed_noise._offsets(151936, scores.device))  # unchanged
 
 
 def race_gap(engine, params, seed: int, context: list[int], position: int) -> float:
     """The exponential race's top-1 minus top-2 log score (log p - log E) for the token after context."""
-    from verifier_service.engine.sampling import target_probabilities
+    from verifier_service.engine.sampling import target_scores
 
     table = list(range(-(-len(context) // BLOCK)))
     logits = engine.runner.execute(ScheduledBatch([ScheduledRequest("gap", context, 0, table, 0, 1)]))[-1:]
-    probs = target_probabilities(logits, torch.tensor([params.temperature], device="cuda"),
+    scores = target_scores(logits, torch.tensor([params.temperature], device="cuda"),
                                  torch.tensor([params.top_k], device="cuda"),
                                  torch.tensor([params.top_p], device="cuda"), torch.tensor([0.0], device="cuda"))
     noise = exponential_noise(row_keys(torch.tensor([seed], device="cuda"), torch.tensor([position], device="cuda")),
                               logits.shape[-1])
-    top = (probs.log() - noise.log()).topk(2).values[0]
+    top = (scores - noise.log()).topk(2).values[0]
     return float(top[0] - top[1])
 
 

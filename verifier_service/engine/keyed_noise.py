@@ -1,7 +1,9 @@
 """Random numbers keyed by (seed, output position, token): the same key gives the same number anywhere.
 
 A sampled request picks the token at output position p as argmax_v probs[v] / E(seed, p, v), with E an
-Exp(1) variable per token (the exponential race: the winner is a draw from probs, exactly). Drawing E from
+Exp(1) variable per token (the exponential race: the winner is a draw from probs, exactly). The race runs in
+logs, argmax_v score[v] - log E(seed, p, v), on scores = log probs plus any per-row constant (logits / T:
+sampling.target_scores), so no softmax is needed (-log E is Gumbel noise: the Gumbel-max trick). Drawing E from
 a stateful generator ties the draw to how many numbers were drawn before - which depends on the batch, the
 steps, the drafts tried. Here E is a pure function of its key instead, computed by a counter-based hash
 (SplitMix64, Steele et al., "Fast splittable pseudorandom number generators", OOPSLA 2014):
@@ -12,7 +14,7 @@ steps, the drafts tried. Here E is a pure function of its key instead, computed 
 so the row keys of one seed are SplitMix64's outputs over positions, and each row's noise is the SplitMix64
 stream that starts at its key (both pass BigCrush).
 
-A sampled row's token is then `keyed_sample(probs, key)`. On CUDA that runs as one compiled kernel per step:
+A sampled row's token is then `keyed_sample(scores, key)`. On CUDA that runs as one compiled kernel per step:
 eagerly the noise is a dozen passes over a [rows, vocab] int64 tensor (2.5 GB of memory traffic at 256 rows
 of a 152k vocabulary, ~1.5 ms a step); fused, the hash is computed in registers while the row is read once.
 
@@ -96,29 +98,30 @@ _compiled_race = None  # torch.compile'd _race, built on first use on CUDA (Fals
 
 
 def keyed_sample(
-    probs: torch.Tensor,  # [num_rows, vocab_size] float32: each row's target, or any positive multiple of it
+    scores: torch.Tensor,  # [num_rows, vocab_size] float32: each row's target as log-probabilities + a constant
     keys: torch.Tensor,  # [num_rows] int64 from row_keys
 ) -> torch.Tensor:  # [num_rows] int64
-    """Each row's token: argmax_v probs[v] / E(key, v), the exponential race (a draw from probs). On CUDA one
-    fused kernel, compiled on first use (seconds: the verifier's warm-up samples once), with the same integer
-    noise (only logf may differ in its last bit, as exponential_noise's may from the CPU's)."""
+    """Each row's token: argmax_v scores[v] - log E(key, v), the exponential race in logs (a draw from
+    softmax(scores); -inf scores never win). On CUDA one fused kernel, compiled on first use (seconds: the
+    verifier's warm-up samples once), with the same integer noise (only logf may differ in its last bit, as
+    exponential_noise's may from the CPU's)."""
     global _compiled_race
-    offsets = _offsets(probs.shape[-1], probs.device)
-    if probs.is_cuda and _compiled_race is not False:
+    offsets = _offsets(scores.shape[-1], scores.device)
+    if scores.is_cuda and _compiled_race is not False:
         try:
             if _compiled_race is None:
                 _compiled_race = torch.compile(_race, dynamic=True, fullgraph=True)
-            return _compiled_race(probs, keys, offsets)
+            return _compiled_race(scores, keys, offsets)
         except Exception:  # noqa: BLE001 - an optimisation must not fail a step: the same draw, eagerly
             logger.exception("compiling the keyed sampler failed; it runs as plain kernels")
             _compiled_race = False
-    return _race(probs, keys, offsets)
+    return _race(scores, keys, offsets)
 
 
-def _race(probs: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _race(scores: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     # The token offsets come in as a tensor: computed inside a compiled graph, (v + 1) * GAMMA becomes index
     # arithmetic, which inductor does not wrap modulo 2**64 (its CPU code gave zeros beyond the first lanes).
-    return (probs / _exponential(keys.unsqueeze(1) + offsets)).argmax(dim=-1)
+    return (scores - _exponential(keys.unsqueeze(1) + offsets).log_()).argmax(dim=-1)
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from verifier_service.engine.outputs import TokenLogprobs
-from verifier_service.engine.sampling import target_probabilities
+from verifier_service.engine.sampling import target_scores
 from verifier_service.engine.sampling_params import SamplingParams
 from verifier_service.host_copy import to_device
 
@@ -116,11 +116,8 @@ def _processed_logprobs(
     logits: torch.Tensor,  # [p, vocab]
     rows: ProcessedRows,
 ) -> torch.Tensor:  # [p, vocab], -inf where the filters remove a token
-    scaled = logits / rows.temperature.unsqueeze(1)
-    if any(rows.filters):  # the tokens the sampler can draw are those the filtered distribution keeps
-        probs = target_probabilities(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.filters)
-        scaled = scaled.masked_fill(probs == 0, float("-inf"))
-    return scaled.log_softmax(dim=-1)
+    scores = target_scores(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.filters)
+    return scores.log_softmax(dim=-1)  # the distribution the sampler draws from
 
 
 class DeviceLogprobs:

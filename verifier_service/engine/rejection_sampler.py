@@ -14,7 +14,7 @@ so the output equals plain greedy decoding token for token.
 Sampling (temperature > 0): every position's token is the keyed sample of its target p_j (p filtered by
 temperature, top-k, top-p, min-p): y_j = argmax_v p_j(v) / E(seed, position, v), with E Exp(1) noise that
 depends only on the request's seed, the output position and the token (keyed_noise.py): the exponential
-race, so y_j is a draw from p_j. A draft is accepted exactly when it equals y_j; the first row whose draft
+race, so y_j is a draw from p_j. It runs in logs on the scaled, filtered logits (no softmax). A draft is accepted exactly when it equals y_j; the first row whose draft
 differs emits y_j (the recovered token, != the draft), and after d accepted drafts the bonus row emits y_d.
 n-gram drafts propose one token with certainty (the draft distribution q is a point mass on x), and this is
 the paper's rule for that q: x is accepted with probability P(y = x) = p(x) = min(1, p(x) / q(x)), and a
@@ -41,7 +41,7 @@ from verifier_service.engine.keyed_noise import keyed_sample
 from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.logprobs import DeviceLogprobs, emitted_logprobs, raw_logprobs
 from verifier_service.engine.outputs import TokenLogprobs
-from verifier_service.engine.sampling import target_probabilities
+from verifier_service.engine.sampling import target_scores
 from verifier_service.engine.sampling_metadata import SamplingMetadata
 
 
@@ -129,9 +129,9 @@ def _judge_rows(
     the row's draft equals it (accepted); the token replaces the draft if not (or follows, on a bonus row)."""
     chosen = logits.argmax(dim=-1)
     if not metadata.all_greedy:
-        probs = target_probabilities(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
-                                     metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
-        sampled = keyed_sample(probs, metadata.row_keys)  # the exponential race: a draw from probs
+        scores = target_scores(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
+                               metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
+        sampled = keyed_sample(scores, metadata.row_keys)  # the exponential race: a draw from softmax(scores)
         chosen = torch.where(metadata.row_greedy, chosen, sampled)
     return metadata.row_draft == chosen, chosen
 

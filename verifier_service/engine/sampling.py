@@ -1,38 +1,43 @@
-"""The target distribution: logits -> probabilities with temperature, top-k, top-p and min-p.
+"""The target distribution: logits -> scores (log-probabilities up to a per-row constant) with temperature,
+top-k, top-p and min-p.
 
 Filters apply in vLLM's order: temperature, then top-k, then top-p on what top-k kept, then min-p
-(relative to the most likely token). Every argument is per row so one call serves a mixed batch.
+(relative to the most likely token). Every argument is per row so one call serves a mixed batch. The keyed
+sampler races the scores (keyed_noise.py), so a sampled step runs no softmax; processed logprobs are their
+log_softmax (logprobs.py).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 
-def target_probabilities(
+def target_scores(
     logits: torch.Tensor,  # [num_rows, vocab] float32
     temperature: torch.Tensor,  # [num_rows] > 0 (greedy rows pass 1.0; their argmax is used instead)
     top_k: torch.Tensor,  # [num_rows] int, 0 = off
     top_p: torch.Tensor,  # [num_rows] in (0, 1], 1 = off
     min_p: torch.Tensor,  # [num_rows] in [0, 1], 0 = off
     filters: tuple[bool, bool, bool] | None = None,
-) -> torch.Tensor:  # [num_rows, vocab], rows sum to 1
-    """Probabilities of the filtered, temperature-scaled distribution each row samples from.
+) -> torch.Tensor:  # [num_rows, vocab]: logits / temperature, -inf where a filter removes the token
+    """Each row's filtered, temperature-scaled distribution as scores: its log-probabilities plus a per-row
+    constant (softmax(scores) is the distribution; argmax and the keyed race need no normalising).
 
     filters: whether any row uses top-k, top-p, min-p, when the caller knows it on the host (on CUDA,
     asking the tensors costs a host sync each); None = ask the tensors.
     """
-    logits = logits / temperature.unsqueeze(1)
+    scores = logits / temperature.unsqueeze(1)
     if filters is None:
         filters = bool((top_k > 0).any()), bool((top_p < 1.0).any()), bool((min_p > 0.0).any())
     use_top_k, use_top_p, use_min_p = filters
     if use_top_k or use_top_p:
-        logits = _apply_top_k_top_p(logits, top_k, top_p, use_top_p)
-    probs = logits.softmax(dim=-1)
-    if use_min_p:
-        threshold = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+        scores = _apply_top_k_top_p(scores, top_k, top_p, use_top_p)
+    if use_min_p:  # p < min_p * max p, in logs: score < max score + log(min_p) (min_p 0: log 0 = -inf, none)
+        threshold = scores.max(dim=-1, keepdim=True).values + min_p.clamp(min=1e-30).log().unsqueeze(1)
+        threshold = torch.where(min_p.unsqueeze(1) > 0, threshold, -math.inf)
+        scores = scores.masked_fill(scores < threshold, -math.inf)
+    return scores
 
 
 def _apply_top_k_top_p(
