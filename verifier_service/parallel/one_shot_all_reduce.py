@@ -5,7 +5,7 @@ Qwen3-8B). NCCL spends ~20 us on each, almost all of it latency: at TP = 2 on H1
 took 4.64 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS.md, round 9). One shot: each rank writes
 its tensor into a buffer every rank of the host maps (torch.distributed._symmetric_memory: CUDA IPC over
 NVLink), the ranks meet at a barrier of signal pads, and each rank sums every rank's buffer itself, then meets
-the others again so that no buffer is overwritten while a peer still reads it. One kernel per all-reduce,
+the others again so that no buffer is overwritten while a peer still reads it. A copy and one kernel per all-reduce,
 captured into CUDA graphs like any kernel. It needs no NVLink multicast (NVLS), which is off on our machines.
 
 Opt-in while it is being measured: SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot (default nccl). Tensors of
@@ -50,7 +50,6 @@ class OneShotAllReduce:
             symm_mem.enable_symm_mem_for_group(self.group_name)
         self.buffer = symm_mem.empty(MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)  # collective: every rank maps every buffer
-        self._copy_in_kernel = hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out")
 
     def fits(self, tensor: torch.Tensor) -> bool:
         """Whether one shot takes tensor: its dtype, contiguous, 16-byte aligned, at most MAX_BYTES."""
@@ -62,11 +61,8 @@ class OneShotAllReduce:
         """Sums `tensor` over the ranks, in place."""
         flat = tensor.view(-1)
         staged = self.buffer[:flat.numel()]
-        if self._copy_in_kernel:  # the copy into the shared buffer is part of the one kernel
-            torch.ops.symm_mem.one_shot_all_reduce_copy_out(staged, flat, "sum", self.group_name, flat)
-        else:
-            staged.copy_(flat)
-            torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, flat)
+        staged.copy_(flat)  # PyTorch's documented one-shot op reads the shared buffer and writes any output
+        torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, flat)
 
 
 def set_up(dtype: torch.dtype, device: torch.device) -> OneShotAllReduce | None:
