@@ -23,6 +23,11 @@ def use_one_shot(one_shot) -> None:
     _one_shot = one_shot
 
 
+def all_reduce_in_use() -> str:
+    """Which all-reduce this rank's small tensors take: "one-shot" when start-up set it up, else "nccl"."""
+    return "one-shot" if _one_shot is not None else "nccl"
+
+
 @torch.library.custom_op("specd::tensor_parallel_all_reduce", mutates_args=("tensor",))
 def all_reduce_(tensor: torch.Tensor) -> None:
     """Sums `tensor` over the ranks, in place."""
