@@ -43,5 +43,6 @@ def main() -> None:
         fused = timed(lambda: keyed_sample(scores, keys), CALLS)
         print(f"| {rows} | {divide:.3f} | {softmax:.3f} | {plain:.3f} | {fused:.3f} | {plain / fused:.1f}x |")
 
+
 if __name__ == "__main__":
     main()

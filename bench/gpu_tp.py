@@ -100,7 +100,7 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         plain, drafted = Engine(config, None, runner), Engine(config, FixedDrafts(), runner)
         generate(plain, 16)  # warm-up: the eager shapes compile here
         generate(drafted, 16, K)
-        row = {"model": name, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up, not asked
+        row = {"model": name, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up
                "start_s": time.perf_counter() - started,
                "weights_GB": sum(p.numel() * p.element_size() for p in runner.model.parameters()) / 1e9}
         row["floor_ms"] = row["weights_GB"] * 1e9 / bandwidth * 1e3
@@ -220,8 +220,8 @@ def print_latency(rows: list[dict], card: str, bandwidth: float) -> None:
         spec = (f"{r['plain_ms_per_token']:.3f} / {r['replayed_ms_per_token']:.3f} ({r['tokens_per_step']:.2f})"
                 if "replayed_ms_per_token" in r else "-")
         print(f"| {r['model']} | {r['tp']} | {r.get('all_reduce', 'nccl')} | {r['weights_GB']:.2f} | "
-              f"{r['floor_ms']:.3f} | {r['decode_ms']:.3f} | {r['decode_ms'] / r['floor_ms']:.2f} | {ratio} | {r['verify_ms']:.3f} | "
-              f"{r['verify_ms'] / r['decode_ms']:.2f} | {spec} | {r['start_s']:.0f} |")
+              f"{r['floor_ms']:.3f} | {r['decode_ms']:.3f} | {r['decode_ms'] / r['floor_ms']:.2f} | {ratio} | "
+              f"{r['verify_ms']:.3f} | {r['verify_ms'] / r['decode_ms']:.2f} | {spec} | {r['start_s']:.0f} |")
 
 
 def print_throughput(rows: list[dict], card: str, peer_log: Path | None) -> None:

@@ -1,7 +1,8 @@
 """The host's work per engine step, with the model's share made negligible: a 2-layer random Qwen3 with a 4k
 vocabulary (make_random_model.py's qwen3-tiny) on the CPU, one torch thread, many requests decoding at once;
-ms per decode step after the prefill. It times scheduling, input packing, sampling metadata, verification and update: the work that async scheduling
-must hide behind the device on a GPU. To compare two checkouts, run each with its own code first on the path:
+ms per decode step after the prefill. It times scheduling, input packing, sampling metadata, verification and
+update: the work that async scheduling must hide behind the device on a GPU. To compare two checkouts, run
+each with its own code first on the path:
 
     .venv/bin/python bench/host_step.py --rows 1,16,256 --mode greedy
     (cd OTHER && PYTHONPATH=$PWD /work/main/.venv/bin/python /work/main/bench/host_step.py --rows 1,16,256)

@@ -133,8 +133,9 @@ def _previous_judge_rows(logits: torch.Tensor, metadata: SamplingMetadata, gener
     num_rows, vocab = logits.shape
     target_argmax = logits.argmax(dim=-1)
     greedy_accepted = metadata.row_draft == target_argmax
-    probs = target_scores(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
-                          metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p)).softmax(-1)
+    scores = target_scores(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
+                           metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
+    probs = scores.softmax(dim=-1)
     row_has_draft = torch.ones(num_rows, dtype=torch.bool)
     row_has_draft[metadata.row_index[:, -1]] = False
     uniform = torch.rand(num_rows)

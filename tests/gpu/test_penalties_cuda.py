@@ -70,9 +70,14 @@ def generate(engine, cases) -> dict[str, list[int]]:
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "chained"])
 def test_penalties_and_bias_with_drafts_equal_decoding_without(checkpoint, async_scheduling):
     from support.proposers import OracleProposer
+    from verifier_service.engine.sampling_params import SamplingParams
 
     cases = requests()
     plain = generate(engine_for(checkpoint, None, async_scheduling=False), cases)
+    unadjusted = {rid: (prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+                  for rid, (prompt, _) in cases.items()}
+    without = generate(engine_for(checkpoint, None, async_scheduling=False), unadjusted)
+    assert all(plain[rid] != without[rid] for rid in cases)  # else equality below would not show they apply
     proposer = OracleProposer({rid: cases[rid][0] + out + [0] * 8 for rid, out in plain.items()})
     engine = engine_for(checkpoint, proposer, async_scheduling=async_scheduling)
     speculative = generate(engine, cases)

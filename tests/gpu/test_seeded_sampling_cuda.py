@@ -45,8 +45,8 @@ def race_gap(engine, params, seed: int, context: list[int], position: int) -> fl
     table = list(range(-(-len(context) // BLOCK)))
     logits = engine.runner.execute(ScheduledBatch([ScheduledRequest("gap", context, 0, table, 0, 1)]))[-1:]
     scores = target_scores(logits, torch.tensor([params.temperature], device="cuda"),
-                                 torch.tensor([params.top_k], device="cuda"),
-                                 torch.tensor([params.top_p], device="cuda"), torch.tensor([0.0], device="cuda"))
+                           torch.tensor([params.top_k], device="cuda"),
+                           torch.tensor([params.top_p], device="cuda"), torch.tensor([0.0], device="cuda"))
     noise = exponential_noise(row_keys(torch.tensor([seed], device="cuda"), torch.tensor([position], device="cuda")),
                               logits.shape[-1])
     top = (scores - noise.log()).topk(2).values[0]

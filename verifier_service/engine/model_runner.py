@@ -23,7 +23,8 @@ from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
 from verifier_service.model.loader import load_model
-from verifier_service.parallel.collectives import min_over_ranks
+from verifier_service.parallel.collectives import min_over_ranks, use_one_shot
+from verifier_service.parallel.one_shot_all_reduce import set_up as set_up_one_shot
 from verifier_service.parallel.shard import RankShard
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
@@ -84,6 +85,7 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES, block_bytes)
         if shard is not None:  # block ids are shared by every rank: each must hold all of them
             num_blocks = min_over_ranks(num_blocks, self.device)
+            use_one_shot(set_up_one_shot(self.dtype, self.device))  # before any graph captures an all-reduce
         self.kv_cache = KVCache.allocate(local_config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
         self.backend = select_backend(self.device, block_size, self.dtype)

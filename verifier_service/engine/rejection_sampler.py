@@ -14,8 +14,9 @@ so the output equals plain greedy decoding token for token.
 Sampling (temperature > 0): every position's token is the keyed sample of its target p_j (p filtered by
 temperature, top-k, top-p, min-p): y_j = argmax_v p_j(v) / E(seed, position, v), with E Exp(1) noise that
 depends only on the request's seed, the output position and the token (keyed_noise.py): the exponential
-race, so y_j is a draw from p_j. It runs in logs on the scaled, filtered logits (no softmax). A draft is accepted exactly when it equals y_j; the first row whose draft
-differs emits y_j (the recovered token, != the draft), and after d accepted drafts the bonus row emits y_d.
+race, so y_j is a draw from p_j (run in logs on the scaled, filtered logits: no softmax). A draft is
+accepted exactly when it equals y_j; the first row whose draft differs emits y_j (the recovered token, != the
+draft), and after d accepted drafts the bonus row emits y_d.
 n-gram drafts propose one token with certainty (the draft distribution q is a point mass on x), and this is
 the paper's rule for that q: x is accepted with probability P(y = x) = p(x) = min(1, p(x) / q(x)), and a
 rejection emits y given y != x, i.e. p with x removed and renormalised, the residual max(0, p - q)

@@ -34,8 +34,7 @@ def target_scores(
     if use_top_k or use_top_p:
         scores = _apply_top_k_top_p(scores, top_k, top_p, use_top_p)
     if use_min_p:  # p < min_p * max p, in logs: score < max score + log(min_p) (min_p 0: log 0 = -inf, none)
-        threshold = scores.max(dim=-1, keepdim=True).values + min_p.clamp(min=1e-30).log().unsqueeze(1)
-        threshold = torch.where(min_p.unsqueeze(1) > 0, threshold, -math.inf)
+        threshold = scores.max(dim=-1, keepdim=True).values + min_p.log().unsqueeze(1)
         scores = scores.masked_fill(scores < threshold, -math.inf)
     return scores
 

@@ -25,10 +25,9 @@ import torch.distributed as dist
 
 from specd.default_model import resolve_model_path
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.model_runner import resolve_device, resolve_dtype
+from verifier_service.engine.model_runner import resolve_device
 from verifier_service.model.config import load_model_config
 from verifier_service.parallel import one_shot_all_reduce
-from verifier_service.parallel.collectives import use_one_shot
 from verifier_service.parallel.diagnostics import phase, register_stack_dump_signal
 from verifier_service.parallel.runner import ParallelRunner
 from verifier_service.parallel.shard import RankShard, plan_shard
@@ -101,10 +100,6 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
     rank = shard.rank
     with phase(rank, f"joining the process groups ({shard.world_size} ranks, {device.type})"):
         host_group = join_process_groups(rank, shard.world_size, store, device)
-    if device.type == "cuda":
-        device = torch.device("cuda", rank)
-        model_config = load_model_config(resolve_model_path(config.model))
-        use_one_shot(one_shot_all_reduce.set_up(resolve_dtype(config.dtype, device, model_config.torch_dtype), device))
     with phase(rank, "loading the shard, KV cache, compiled regions and CUDA graph capture"):
         runner = build_model_runner(config, drafts, shard=shard)
     logger.info("rank %d: %d KV blocks, CUDA graphs %s", rank, runner.num_blocks,
