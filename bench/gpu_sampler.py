@@ -1,10 +1,12 @@
-"""The sampled verify rows' cost on the GPU: the keyed exponential race eagerly (a dozen passes over a
-[rows, vocab] int64 tensor) against the fused, compiled keyed_sample, next to the temperature division that
-feeds both and the softmax the race no longer needs (it races logits / T in logs).
+"""A sampled step's sampler on the GPU, from the model's bf16 logits to the tokens: the current path (the logits'
+bf16 copy out of the CUDA graph's buffer, then one fused kernel that upcasts, divides by the temperature, races
+and takes the greedy rows' argmax) against the path before it (a float32 copy, the division, a separate argmax
+and the fused race on the scores), and the race as plain kernels.
 
 Usage: python bench/gpu_sampler.py [--vocab 151936] [--rows 1,8,64,256]
-Each case: median of 50 timed calls after 10 warm-up ones (CUDA events, gpu_latency.timed), ms. Both
-samplers must pick the same tokens (checked on every case).
+Each case: median of 50 timed calls after 10 warm-up ones (CUDA events, gpu_latency.timed), ms. The fused and
+plain kernels must pick the same tokens (checked on every case); the path before may differ from them where the
+compiled division rounds differently from the eager one (counted).
 """
 from __future__ import annotations
 
@@ -27,21 +29,30 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--rows", default="1,8,64,256")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}, vocabulary {args.vocab}; ms per call (median of {CALLS})")
-    print("| rows | logits / T (T = 0.6) | softmax of that (not run) | race, plain kernels | race, fused "
-          "| plain / fused |")
+    print(f"{torch.cuda.get_device_name()}, vocabulary {args.vocab}, T = 0.6; ms per call (median of {CALLS})")
+    print("| rows | before: float copy, / T, argmax, race | now: bf16 copy, fused race | before / now "
+          "| race, plain kernels | tokens differing before / now |")
     print("|---|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
-        logits = torch.randn(rows, args.vocab, device="cuda")
+        buffer = (torch.randn(rows, args.vocab, device="cuda") * 4).bfloat16()  # the graph's output buffer
         keys = row_keys(torch.randint(-2**62, 2**62, (rows,)), torch.arange(rows)).cuda()
-        scores = logits / 0.6
-        offsets = token_offsets(args.vocab, scores.device)
-        assert torch.equal(keyed_sample(scores, keys), _race(scores, keys, offsets))
-        divide = timed(lambda: logits / 0.6, CALLS)
-        softmax = timed(lambda: torch.softmax(scores, dim=-1), CALLS)
-        plain = timed(lambda: _race(scores, keys, offsets), CALLS)
-        fused = timed(lambda: keyed_sample(scores, keys), CALLS)
-        print(f"| {rows} | {divide:.3f} | {softmax:.3f} | {plain:.3f} | {fused:.3f} | {plain / fused:.1f}x |")
+        temperature = torch.full((rows,), 0.6, device="cuda")
+        greedy, ones = torch.zeros(rows, dtype=torch.bool, device="cuda"), torch.ones(rows, device="cuda")
+        offsets = token_offsets(args.vocab, buffer.device)
+
+        def before() -> torch.Tensor:
+            logits = buffer.float()
+            scores = logits / temperature.unsqueeze(1)
+            return torch.where(greedy, logits.argmax(dim=-1), keyed_sample(scores, ones, keys, greedy))
+
+        def now() -> torch.Tensor:
+            return keyed_sample(buffer.clone(), temperature, keys, greedy)
+
+        assert torch.equal(now(), _race(buffer, temperature, keys, greedy, offsets))
+        differing = int((before() != now()).sum())
+        then, fused = timed(before, CALLS), timed(now, CALLS)
+        plain = timed(lambda: _race(buffer, temperature, keys, greedy, offsets), CALLS)
+        print(f"| {rows} | {then:.3f} | {fused:.3f} | {then / fused:.2f}x | {plain:.3f} | {differing} / {rows} |")
 
 
 if __name__ == "__main__":

@@ -134,3 +134,25 @@ def test_drafts_are_accepted_exactly_when_they_equal_what_decoding_without_them_
             if j == len(drafts) or expected[-1] != drafts[j]:
                 break  # the first draft that differs is replaced by the plain token; a bonus token ends it
         assert emitted == expected and accepted == len(expected) - 1
+
+
+def test_a_rows_token_does_not_depend_on_the_filters_of_the_other_rows_of_its_step():
+    """Unfiltered sampled rows go straight to the keyed race; a step in which some row filters (top-k, top-p,
+    min-p) masks the logits first. Either way a row's token is the same, for every seed; and a greedy row takes
+    the plain argmax, whatever filters its request also set."""
+    plain, filtering = SamplingParams(temperature=0.9), SamplingParams(temperature=0.7, top_k=2, top_p=0.9, min_p=0.1)
+    greedy_with_filters = SamplingParams(temperature=0.0, top_k=1, top_p=0.5)
+    logits = ROWS[2:3] + torch.tensor([[0.0, 0.0, 1e-6, 0.0, 0.0, 0.0]])  # tokens 0-2 nearly tied: argmax is 2
+    for seed in range(200):
+        requests = {name: Request(name, [0], dataclasses.replace(params, seed=seed), i)
+                    for i, (name, params) in enumerate([("plain", plain), ("filtering", filtering),
+                                                        ("greedy", greedy_with_filters)])}
+
+        def tokens(names: list[str]) -> list[int]:
+            batch = ScheduledBatch([ScheduledRequest(name, [0], 7, [0], 0, 1) for name in names])
+            metadata = SamplingMetadata.build(batch, [requests[n] for n in names], torch.device("cpu"))
+            return [t[0] for t in verify(logits.repeat(len(names), 1), metadata).token_ids]
+
+        alone = tokens(["plain"])[0]
+        assert tokens(["plain", "filtering"])[0] == alone
+        assert tokens(["filtering", "plain", "greedy"])[1:] == [alone, 2]

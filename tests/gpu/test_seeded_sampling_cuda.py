@@ -27,15 +27,19 @@ def test_keys_and_noise_on_cuda_equal_the_cpus():
 
 @pytest.mark.parametrize("rows", [1, 2, 37, 256])
 def test_the_fused_keyed_sampler_draws_the_plain_kernels_tokens(rows):
-    """keyed_sample on CUDA is one compiled kernel; it must pick what the eager noise and argmax pick."""
+    """keyed_sample on CUDA is one compiled kernel reading the model's bf16 logits; it must pick what the eager
+    noise, division and argmax pick: the race on sampled rows, the plain argmax on greedy ones."""
     generator = torch.Generator().manual_seed(rows)
-    scores = (torch.randn(rows, 151936, generator=generator) * 4).cuda()
+    logits = (torch.randn(rows, 151936, generator=generator) * 4).bfloat16().cuda()
+    temperature = (torch.rand(rows, generator=generator) + 0.3).cuda()
+    greedy = (torch.arange(rows) % 3 == 1).cuda()
+    temperature = torch.where(greedy, 1.0, temperature)  # as SamplingMetadata sets greedy rows
     keys = row_keys(torch.randint(-2**63, 2**63 - 1, (rows,), generator=generator), torch.arange(rows) * 11).cuda()
-    fused = keyed_sample(scores, keys)
+    fused = keyed_sample(logits, temperature, keys, greedy)
     assert keyed_noise._compiled_race not in (None, False), "the compiled sampler did not run"
-    plain = (scores - exponential_noise(keys, scores.shape[-1]).log()).argmax(dim=-1)
-    assert torch.equal(fused, plain)
-    assert torch.equal(token_offsets(151936, scores.device), keyed_noise._offsets(151936, scores.device))  # unchanged
+    raced = (logits.float() / temperature.unsqueeze(1) - exponential_noise(keys, logits.shape[-1]).log()).argmax(-1)
+    assert torch.equal(fused, torch.where(greedy, logits.float().argmax(dim=-1), raced))
+    assert torch.equal(token_offsets(151936, logits.device), keyed_noise._offsets(151936, logits.device))  # unchanged
 
 
 def race_gap(engine, params, seed: int, context: list[int], position: int) -> float:
@@ -44,7 +48,7 @@ def race_gap(engine, params, seed: int, context: list[int], position: int) -> fl
 
     table = list(range(-(-len(context) // BLOCK)))
     logits = engine.runner.execute(ScheduledBatch([ScheduledRequest("gap", context, 0, table, 0, 1)]))[-1:]
-    scores = target_scores(logits, torch.tensor([params.temperature], device="cuda"),
+    scores = target_scores(logits.float(), torch.tensor([params.temperature], device="cuda"),
                            torch.tensor([params.top_k], device="cuda"),
                            torch.tensor([params.top_p], device="cuda"), torch.tensor([0.0], device="cuda"))
     noise = exponential_noise(row_keys(torch.tensor([seed], device="cuda"), torch.tensor([position], device="cuda")),

@@ -58,6 +58,7 @@ def steps() -> list[ScheduledBatch]:
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    got, expected = got.float(), expected.float()  # logits come in the model's dtype (bf16)
     return float((got - expected).norm() / expected.norm())
 
 

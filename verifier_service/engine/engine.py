@@ -54,7 +54,7 @@ class LaunchedStep:
 class Engine:
     """Runs many requests at once; every step scores all drafts in one forward and verifies them.
 
-    runner: anything with execute(batch) -> logits [batch.num_logits, vocab] float32 and num_blocks,
+    runner: anything with execute(batch) -> logits [batch.num_logits, vocab] (any float dtype) and num_blocks,
     block_size, vocab_size, max_model_len, device (a ModelRunner is built from config when None).
     proposer: where drafts come from (None = no speculation).
     """

@@ -2,11 +2,12 @@
 
 A sampled request picks the token at output position p as argmax_v probs[v] / E(seed, p, v), with E an
 Exp(1) variable per token (the exponential race: the winner is a draw from probs, exactly). The race runs in
-logs, argmax_v score[v] - log E(seed, p, v), on scores = log probs plus any per-row constant (logits / T:
-sampling.target_scores), so no softmax is needed (-log E is Gumbel noise: the Gumbel-max trick). Drawing E from
-a stateful generator ties the draw to how many numbers were drawn before - which depends on the batch, the
-steps, the drafts tried. Here E is a pure function of its key instead, computed by a counter-based hash
-(SplitMix64, Steele et al., "Fast splittable pseudorandom number generators", OOPSLA 2014):
+logs, argmax_v score[v] - log E(seed, p, v), on scores = log probs plus any per-row constant (logits / T, with
+-inf where top-k / top-p / min-p remove a token: sampling.filter_logits), so no softmax is needed (-log E is
+Gumbel noise: the Gumbel-max trick). Drawing E from a stateful generator ties the draw to how many numbers
+were drawn before - which depends on the batch, the steps, the drafts tried. Here E is a pure function of its
+key instead, computed by a counter-based hash (SplitMix64, Steele et al., "Fast splittable pseudorandom number
+generators", OOPSLA 2014):
     row key   = mix(mix(seed ^ SEED_SALT) + (p + 1) * GAMMA)       one per (request, position) row
     bits      = mix(row key + (v + 1) * GAMMA)                      one per token: SplitMix64's stream
     u         = (top 24 bits of bits + 1) / 2**24                  in (0, 1], a float32 exactly
@@ -14,9 +15,10 @@ steps, the drafts tried. Here E is a pure function of its key instead, computed 
 so the row keys of one seed are SplitMix64's outputs over positions, and each row's noise is the SplitMix64
 stream that starts at its key (both pass BigCrush).
 
-A sampled row's token is then `keyed_sample(scores, key)`. On CUDA that runs as one compiled kernel per step:
-eagerly the noise is a dozen passes over a [rows, vocab] int64 tensor (2.5 GB of memory traffic at 256 rows
-of a 152k vocabulary, ~1.5 ms a step); fused, the hash is computed in registers while the row is read once.
+A step's tokens are then `keyed_sample(logits, temperature, keys, greedy)`. On CUDA that runs as one compiled
+kernel per step: eagerly the noise is a dozen passes over a [rows, vocab] int64 tensor (2.5 GB of memory traffic
+at 256 rows of a 152k vocabulary, ~1.5 ms a step); fused, the hash is computed in registers while the bf16
+logits are read once (no float32 copy, no separate division or argmax pass).
 
 Everything is vectorised int64 tensor arithmetic, on the CPU and on CUDA alike: multiplication wraps
 modulo 2**64 on both (two's complement; tests/engine/test_keyed_noise.py pins the CPU against Python's
@@ -98,30 +100,37 @@ _compiled_race = None  # torch.compile'd _race, built on first use on CUDA (Fals
 
 
 def keyed_sample(
-    scores: torch.Tensor,  # [num_rows, vocab_size] float32: each row's target as log-probabilities + a constant
+    logits: torch.Tensor,  # [num_rows, vocab_size], any float dtype: -inf where a filter removed the token
+    temperature: torch.Tensor,  # [num_rows] float32 > 0 (1.0 on greedy rows)
     keys: torch.Tensor,  # [num_rows] int64 from row_keys
+    greedy: torch.Tensor,  # [num_rows] bool
 ) -> torch.Tensor:  # [num_rows] int64
-    """Each row's token: argmax_v scores[v] - log E(key, v), the exponential race in logs (a draw from
-    softmax(scores); -inf scores never win). On CUDA one fused kernel, compiled on first use (seconds: the
-    verifier's warm-up samples once), with the same integer noise (only logf may differ in its last bit, as
-    exponential_noise's may from the CPU's)."""
+    """Each row's token. A sampled row runs the exponential race in logs, argmax_v logits[v] / T - log E(key, v)
+    (a draw from softmax(logits / T); -inf logits never win); a greedy row takes argmax_v logits[v] (no noise,
+    T = 1: the same value exactly). On CUDA one fused kernel, compiled on first use (seconds: the verifier's
+    warm-up samples once): it reads the logits once in their own dtype (bf16 from the model), upcasts, divides
+    and races in registers, with the same integer noise (only logf may differ in its last bit, as
+    exponential_noise's may from the CPU's). Every sampled row of every batch takes this one division, so a row's
+    draw does not depend on what else the step samples."""
     global _compiled_race
-    offsets = _offsets(scores.shape[-1], scores.device)
-    if scores.is_cuda and _compiled_race is not False:
+    offsets = _offsets(logits.shape[-1], logits.device)
+    if logits.is_cuda and _compiled_race is not False:
         try:
             if _compiled_race is None:
                 _compiled_race = torch.compile(_race, dynamic=True, fullgraph=True)
-            return _compiled_race(scores, keys, offsets)
+            return _compiled_race(logits, temperature, keys, greedy, offsets)
         except Exception:  # noqa: BLE001 - an optimisation must not fail a step: the same draw, eagerly
             logger.exception("compiling the keyed sampler failed; it runs as plain kernels")
             _compiled_race = False
-    return _race(scores, keys, offsets)
+    return _race(logits, temperature, keys, greedy, offsets)
 
 
-def _race(scores: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _race(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor,
+          offsets: torch.Tensor) -> torch.Tensor:
     # The token offsets come in as a tensor: computed inside a compiled graph, (v + 1) * GAMMA becomes index
     # arithmetic, which inductor does not wrap modulo 2**64 (its CPU code gave zeros beyond the first lanes).
-    return (scores - _exponential(keys.unsqueeze(1) + offsets).log_()).argmax(dim=-1)
+    log_noise = _exponential(keys.unsqueeze(1) + offsets).log_().masked_fill_(greedy.unsqueeze(1), 0.0)
+    return (logits.float() / temperature.unsqueeze(1) - log_noise).argmax(dim=-1)
 
 
 @functools.cache

@@ -24,13 +24,14 @@ from verifier_service.engine.logits_processor_inputs import LogitsProcessorInput
 
 
 def apply_logits_processors(
-    logits: torch.Tensor,  # [num_rows, vocab] float32: every logits row of the step
+    logits: torch.Tensor,  # [num_rows, vocab]: every logits row of the step (bf16 on CUDA)
     inputs: LogitsProcessorInputs | None,
-) -> torch.Tensor:  # [num_rows, vocab]: a new tensor where some row is adjusted, else logits itself
-    """The step's logits with every request's logit bias and penalties applied to its rows."""
+) -> torch.Tensor:  # [num_rows, vocab]: a new float32 tensor where some row is adjusted, else logits itself
+    """The step's logits with every request's logit bias and penalties applied to its rows (in float32)."""
     if inputs is None:
         return logits
-    adjusted = logits.clone()  # logits stays as the model made it (it may be a CUDA graph's output buffer)
+    # A copy: logits stays as the model made it (it may be a CUDA graph's output buffer).
+    adjusted = logits.to(torch.float32, copy=True)
     if inputs.bias is not None:
         rows, tokens, values = inputs.bias
         adjusted.index_put_((rows, tokens), values, accumulate=True)

@@ -85,16 +85,16 @@ def _processed_rows(processed: list[tuple[int, SamplingParams]], device: torch.d
 
 
 def raw_logprobs(
-    logits: torch.Tensor,  # [num_rows, vocab] float32, as the model scored them
+    logits: torch.Tensor,  # [num_rows, vocab] as the model scored them (bf16 on CUDA)
     plan: LogprobsPlan | None,
-) -> torch.Tensor | None:  # [m, vocab]
+) -> torch.Tensor | None:  # [m, vocab] float32
     """The raw distribution of the plan's rows (to be taken before anything processes the logits)."""
-    return None if plan is None else logits.index_select(0, plan.rows).log_softmax(dim=-1)
+    return None if plan is None else logits.index_select(0, plan.rows).float().log_softmax(dim=-1)
 
 
 def emitted_logprobs(
     raw: torch.Tensor | None,  # [m, vocab]: raw_logprobs of the same step
-    logits: torch.Tensor,  # [num_rows, vocab] float32, as verification used them (processed)
+    logits: torch.Tensor,  # [num_rows, vocab], as verification used them (processed)
     output: torch.Tensor,  # [num_requests, max_drafts + 1] int64: the token emitted at each column
     plan: LogprobsPlan | None,
 ) -> DeviceLogprobs | None:
@@ -104,7 +104,7 @@ def emitted_logprobs(
     logprobs = raw
     if plan.processed is not None:
         processed = plan.processed
-        rows = logits.index_select(0, plan.rows.index_select(0, processed.plan_rows))
+        rows = logits.index_select(0, plan.rows.index_select(0, processed.plan_rows)).float()
         logprobs = logprobs.index_copy(0, processed.plan_rows, _processed_logprobs(rows, processed))
     tokens = output.flatten().index_select(0, plan.output_index)  # [m]
     chosen = logprobs.gather(1, tokens.unsqueeze(1))  # [m, 1]

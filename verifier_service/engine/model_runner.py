@@ -117,14 +117,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
-        """float32 logits [batch.num_logits, vocab_size]: per request in order, its last num_logits positions."""
+        """Logits [batch.num_logits, vocab_size] in the model's dtype (bf16 on CUDA: the consumers upcast what
+        they read, the keyed sampler in registers): per request in order, its last num_logits positions."""
         if not batch:
             raise ValueError("batch: no requests scheduled")
         shape = self._graph_shape(batch)
         self.last_forward_replayed = shape is not None
         if shape is not None:
             outputs, rows = self.graphs.run(batch, shape)
-            return (outputs.logits if rows is None else outputs.logits[rows]).float()
+            return outputs.logits.clone() if rows is None else outputs.logits[rows]  # not the graph's buffer
         if may_advance(batch):  # positions depend on the step in flight: eager steps need them on the host
             batch = resolve_on_host(batch)
         input_ids, positions, slots, logit_rows = [], [], [], []  # flattened over the batch
@@ -147,8 +148,8 @@ class ModelRunner:
         with attention_context(metadata):
             hidden = self.model(token_tensor, position_tensor)  # [num_tokens, hidden_size]
         if not logit_rows:
-            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        return self.model.compute_logits(hidden[row_tensor]).float()
+            return torch.empty(0, self.vocab_size, dtype=hidden.dtype, device=self.device)
+        return self.model.compute_logits(hidden[row_tensor])
 
     @torch.inference_mode()
     def execute_greedy(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor] | None:

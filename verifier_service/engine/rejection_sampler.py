@@ -42,7 +42,7 @@ from verifier_service.engine.keyed_noise import keyed_sample
 from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.logprobs import DeviceLogprobs, emitted_logprobs, raw_logprobs
 from verifier_service.engine.outputs import TokenLogprobs
-from verifier_service.engine.sampling import target_scores
+from verifier_service.engine.sampling import filter_logits
 from verifier_service.engine.sampling_metadata import SamplingMetadata
 
 
@@ -99,7 +99,7 @@ def continuation(rows: torch.Tensor) -> torch.Tensor:
 
 
 def verify(
-    logits: torch.Tensor,  # [num_rows, vocab] float32: rows of each request with logits, in batch order
+    logits: torch.Tensor,  # [num_rows, vocab] any float dtype: rows of each request with logits, in batch order
     metadata: SamplingMetadata,
 ) -> VerifiedTokens:
     """Accept or reject every request's drafts and choose the token that follows them."""
@@ -128,12 +128,12 @@ def _judge_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [num_rows] bool, chosen token [num_rows] int64
     """Per row: the token plain decoding picks at its position (argmax, or the keyed sample), and whether
     the row's draft equals it (accepted); the token replaces the draft if not (or follows, on a bonus row)."""
-    chosen = logits.argmax(dim=-1)
-    if not metadata.all_greedy:
-        scores = target_scores(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
-                               metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
-        sampled = keyed_sample(scores, metadata.row_keys)  # the exponential race: a draw from softmax(scores)
-        chosen = torch.where(metadata.row_greedy, chosen, sampled)
+    if metadata.all_greedy:
+        chosen = logits.argmax(dim=-1)
+    else:  # one pass over the logits: greedy rows take their argmax, sampled rows the exponential race
+        filtered = filter_logits(logits, metadata.row_temperature, metadata.row_top_k, metadata.row_top_p,
+                                 metadata.row_min_p, (metadata.use_top_k, metadata.use_top_p, metadata.use_min_p))
+        chosen = keyed_sample(filtered, metadata.row_temperature, metadata.row_keys, metadata.row_greedy)
     return metadata.row_draft == chosen, chosen
 
 

@@ -1,10 +1,11 @@
 """The target distribution: logits -> scores (log-probabilities up to a per-row constant) with temperature,
-top-k, top-p and min-p.
+top-k, top-p and min-p; and the same filters as a mask on the logits, for the keyed race (which divides by the
+temperature itself, keyed_noise.py).
 
 Filters apply in vLLM's order: temperature, then top-k, then top-p on what top-k kept, then min-p
 (relative to the most likely token). Every argument is per row so one call serves a mixed batch. The keyed
-sampler races the scores (keyed_noise.py), so a sampled step runs no softmax; processed logprobs are their
-log_softmax (logprobs.py).
+sampler races logits / T with the filtered tokens at -inf (keyed_noise.py), so a sampled step runs no softmax;
+processed logprobs are the scores' log_softmax (logprobs.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ def target_scores(
         threshold = scores.max(dim=-1, keepdim=True).values + min_p.log().unsqueeze(1)
         scores = scores.masked_fill(scores < threshold, -math.inf)
     return scores
+
+
+def filter_logits(
+    logits: torch.Tensor,  # [num_rows, vocab], any float dtype
+    temperature: torch.Tensor,  # [num_rows] > 0
+    top_k: torch.Tensor,  # [num_rows] int, 0 = off
+    top_p: torch.Tensor,  # [num_rows] in (0, 1], 1 = off
+    min_p: torch.Tensor,  # [num_rows] in [0, 1], 0 = off
+    filters: tuple[bool, bool, bool],  # whether any row uses top-k, top-p, min-p (known on the host)
+) -> torch.Tensor:  # [num_rows, vocab]: logits itself when no row filters, else float32 with -inf where removed
+    """The logits, unscaled, with -inf where target_scores' filters remove a token: what the keyed race takes.
+    It divides by the temperature in its own kernel, so every sampled row's score is that one division, whether
+    or not another row of the step filters."""
+    if not any(filters):
+        return logits
+    removed = target_scores(logits.float(), temperature, top_k, top_p, min_p, filters) == -math.inf
+    return logits.float().masked_fill(removed, -math.inf)
 
 
 def _apply_top_k_top_p(

@@ -28,9 +28,9 @@ class SamplingMetadata:
     row_draft: torch.Tensor  # [num_rows] int64: the draft verified at this row (0 on bonus rows)
     row_greedy: torch.Tensor  # [num_rows] bool
     row_temperature: torch.Tensor  # [num_rows] float32, 1.0 on greedy rows
-    row_top_k: torch.Tensor  # [num_rows] int64
-    row_top_p: torch.Tensor  # [num_rows] float32
-    row_min_p: torch.Tensor  # [num_rows] float32
+    row_top_k: torch.Tensor  # [num_rows] int64, 0 (off) on greedy rows
+    row_top_p: torch.Tensor  # [num_rows] float32, 1 (off) on greedy rows
+    row_min_p: torch.Tensor  # [num_rows] float32, 0 (off) on greedy rows
     all_greedy: bool
     row_keys: torch.Tensor | None  # [num_rows] int64: (seed, output position) keys (sampling_keys.py); None if all greedy
     use_top_k: bool = True  # some row filters by top-k / top-p / min-p (known on the host: no sync to ask)
@@ -54,8 +54,9 @@ class SamplingMetadata:
             drafts.append(draft + [0] * (max_drafts - num_drafts))
             row_draft += draft + [0]
             params = request.params
-            per_request_params.append((params.greedy, params.temperature if not params.greedy else 1.0,
-                                       params.top_k, params.top_p, params.min_p))
+            # A greedy row takes the argmax: temperature 1, no filters (so only sampled rows make a step filter).
+            per_request_params.append((True, 1.0, 0, 1.0, 0.0) if params.greedy else
+                                      (False, params.temperature, params.top_k, params.top_p, params.min_p))
             counts.append(num_drafts + 1)
             first_row += num_drafts + 1
         greedy, temperature, top_k, top_p, min_p = zip(*per_request_params) if per_request_params else ((),) * 5

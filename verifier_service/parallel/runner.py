@@ -59,7 +59,7 @@ class ParallelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
-        """float32 logits [batch.num_logits, vocab_size], as ModelRunner.execute returns them."""
+        """Logits [batch.num_logits, vocab_size], as ModelRunner.execute returns them."""
         self.local.check(batch)
         return self._step(batch, self.local.execute)
 
