@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
-#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels]
+#   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels] [sampler]
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2oneshot]
 #                            [tplatency4oneshot] [allreduce] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
@@ -9,7 +9,8 @@
 # .device/old; nanovllm: specd's throughput (speculation off / on, async) alternating with nano-vllm's own
 # bench.py on the same workload and card (peers in .device/peers); nanovllm_before: the same with the code in
 # .device/old as a third column; kernels: specd's and nano-vllm's device time on that workload by kernel family
-# (after nanovllm, which installs nano-vllm's wheels).
+# (after nanovllm, which installs nano-vllm's wheels); sampler: a sampled step's sampler alone, before / now
+# (bench/gpu_sampler.py).
 # Tensor parallelism (issue 15; a machine of 2 or 4 GPUs; each part has its own time limit, see tp_run):
 # tpsmoke = the cheapest check, a small random Llama at TP 2 three times (eager; CUDA graphs without compile;
 # compiled + graphs as the verifier runs), each phase timed (bench/gpu_tp.py smoke), ~2-3 min in all;
@@ -73,6 +74,7 @@ for part in "$@"; do
       done ;;
     kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A24 "under the profiler" | grep -v '^{'
       PYTHONPATH=/tmp/peer-site:$PWD/.device/peers/nano-vllm:$PYTHONPATH python3 bench/nano_kernels.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/nano_kernels.log" | grep -A24 "under the profiler" ;;
+    sampler) python3 bench/gpu_sampler.py 2>&1 | tee "$OUT/sampler.log" | tail -7 ;;
     eager) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --eager 2>&1 | tee "$OUT/throughput_eager.log" | tail -8 ;;
     tpsmoke) TAIL=12 tp_run 90 tp_smoke_eager python3 bench/gpu_tp.py smoke eager --tp 2
       TAIL=12 tp_run 120 tp_smoke_graphs python3 bench/gpu_tp.py smoke graphs --tp 2
