@@ -75,9 +75,7 @@ def plan_logprobs(scored: Sequence[tuple[int, SamplingParams]], max_drafts: int,
 
 
 def _processed_rows(processed: list[tuple[int, SamplingParams]], device: torch.device) -> ProcessedRows:
-    # A greedy request takes the argmax of the unfiltered logits: temperature 1, no filters.
-    sampled = [(1.0, 0, 1.0, 0.0) if p.greedy else (p.temperature, p.top_k, p.top_p, p.min_p) for _, p in processed]
-    temperature, top_k, top_p, min_p = zip(*sampled)
+    temperature, top_k, top_p, min_p = zip(*(params.target for _, params in processed))
     ints = to_device([row for row, _ in processed] + list(top_k), torch.int64, device).view(2, -1)
     floats = to_device(temperature + top_p + min_p, torch.float32, device).view(3, -1)
     filters = any(k > 0 for k in top_k), any(p < 1.0 for p in top_p), any(p > 0.0 for p in min_p)

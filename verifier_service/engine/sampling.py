@@ -53,8 +53,9 @@ def filter_logits(
     or not another row of the step filters."""
     if not any(filters):
         return logits
-    removed = target_scores(logits.float(), temperature, top_k, top_p, min_p, filters) == -math.inf
-    return logits.float().masked_fill(removed, -math.inf)
+    logits = logits.float()  # one float32 copy of bf16 logits (none of float32 ones): masked_fill makes the new tensor
+    removed = target_scores(logits, temperature, top_k, top_p, min_p, filters) == -math.inf
+    return logits.masked_fill(removed, -math.inf)
 
 
 def _apply_top_k_top_p(

@@ -54,9 +54,7 @@ class SamplingMetadata:
             drafts.append(draft + [0] * (max_drafts - num_drafts))
             row_draft += draft + [0]
             params = request.params
-            # A greedy row takes the argmax: temperature 1, no filters (so only sampled rows make a step filter).
-            per_request_params.append((True, 1.0, 0, 1.0, 0.0) if params.greedy else
-                                      (False, params.temperature, params.top_k, params.top_p, params.min_p))
+            per_request_params.append((params.greedy, *params.target))  # greedy rows: no filters, T = 1
             counts.append(num_drafts + 1)
             first_row += num_drafts + 1
         greedy, temperature, top_k, top_p, min_p = zip(*per_request_params) if per_request_params else ((),) * 5

@@ -92,6 +92,12 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @functools.cached_property
+    def target(self) -> tuple[float, int, float, float]:
+        """(temperature, top_k, top_p, min_p) of the distribution a row is judged on (SamplingMetadata) and its
+        processed logprobs taken from: a greedy request takes the argmax of the unfiltered logits, temperature 1."""
+        return (1.0, 0, 1.0, 0.0) if self.greedy else (self.temperature, self.top_k, self.top_p, self.min_p)
+
+    @functools.cached_property
     def adjusts_logits(self) -> bool:
         """Whether a penalty or a logit bias changes the target's logits (logits_processors.py)."""
         return self.penalizes or bool(self.logit_bias)

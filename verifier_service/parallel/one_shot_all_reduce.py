@@ -1,14 +1,15 @@
 """A low-latency all-reduce for the small tensors of decode steps: PyTorch's symmetric memory, one shot.
 
 A batch-1 step of a sharded model runs two all-reduces per layer of one [tokens, hidden] row block (8 KB for
-Qwen3-8B). NCCL spends ~20 us on each, almost all of it latency: at TP = 2 on H100s a Qwen3-8B decode step
-took 4.64 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS.md, round 9). One shot: each rank writes
+Qwen3-8B). NCCL spends ~12 us on each in a CUDA graph, almost all of it latency: at TP = 2 on H100s a Qwen3-8B
+decode step takes 4.40 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS.md, round 10). One shot: each rank writes
 its tensor into a buffer every rank of the host maps (torch.distributed._symmetric_memory: CUDA IPC over
 NVLink), the ranks meet at a barrier of signal pads, and each rank sums every rank's buffer itself, then meets
 the others again so that no buffer is overwritten while a peer still reads it. A copy and one kernel per all-reduce,
 captured into CUDA graphs like any kernel. It needs no NVLink multicast (NVLS), which is off on our machines.
 
-Opt-in while it is being measured: SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot (default nccl). Tensors of
+Opt-in: SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot (default nccl). Measured (round 10, 2x H100): 9.8 us against
+NCCL's 11.7 us at 8 KB, but the TP = 2 decode step was not faster with it (4.52 against 4.40 ms). Tensors of
 another dtype or over MAX_BYTES (prefill chunks, big batches), and every run off CUDA, keep NCCL / gloo.
 Every rank sets it up at start-up, or none does (a rank that fails says why; then all keep NCCL).
 """
