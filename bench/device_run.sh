@@ -2,7 +2,7 @@
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels] [sampler]
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2oneshot]
-#                            [tplatency4oneshot] [allreduce] [tplatency70b] [tpthroughput]
+#                            [tplatency4oneshot] [allreduce] [oneshottest] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -14,7 +14,8 @@
 # Tensor parallelism (issue 15; a machine of 2 or 4 GPUs; each part has its own time limit, see tp_run):
 # tpsmoke = the cheapest check, a small random Llama at TP 2 three times (eager; CUDA graphs without compile;
 # compiled + graphs as the verifier runs), each phase timed (bench/gpu_tp.py smoke), ~2-3 min in all;
-# tptests = the TP GPU tests (~5 min: five model builds, four compiled anew); tplatency1 / tplatency2 /
+# tptests = the TP GPU tests (~5 min: five model builds, four compiled anew; with the one-shot all-reduce's own,
+# which oneshottest runs alone, ~1 min); tplatency1 / tplatency2 /
 # tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2-3 min each; tplatency = all three), rows
 # collected in one table across parts; tplatency2oneshot / tplatency4oneshot = the same with the one-shot
 # all-reduce over symmetric memory (SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot) instead of NCCL's; allreduce = that
@@ -79,7 +80,8 @@ for part in "$@"; do
     tpsmoke) TAIL=12 tp_run 90 tp_smoke_eager python3 bench/gpu_tp.py smoke eager --tp 2
       TAIL=12 tp_run 120 tp_smoke_graphs python3 bench/gpu_tp.py smoke graphs --tp 2
       TAIL=12 tp_run 180 tp_smoke_compiled python3 bench/gpu_tp.py smoke compiled --tp 2 ;;
-    tptests) TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO tests/gpu/test_tensor_parallel.py ;;
+    tptests) TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO tests/gpu/test_tensor_parallel.py tests/gpu/test_one_shot_all_reduce.py ;;
+    oneshottest) TAIL=6 tp_run 150 one_shot_test python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_one_shot_all_reduce.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
     tplatency2oneshot|tplatency4oneshot) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot tp_latency "${p%oneshot}" ;;

@@ -74,9 +74,9 @@ def test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed(checkpoint, ten
     sharded = build_model_runner(config_for(checkpoint, tensor_parallel_size))
     try:
         assert collectives.all_reduce_in_use() == all_reduce  # rank 0 (this process) set it up as asked
-        if all_reduce == "one-shot":  # and a step's [tokens, hidden] activations take it, not NCCL
-            hidden = sharded.config.hidden_size
-            assert collectives._one_shot.fits(torch.empty(5, hidden, dtype=torch.bfloat16, device="cuda"))
+        if all_reduce == "one-shot":  # and a step's [tokens, hidden] activations take it, fused with the norms
+            step_rows = torch.empty(5, sharded.config.hidden_size, dtype=torch.bfloat16, device="cuda")
+            assert collectives._one_shot.fits(step_rows) and collectives.fuses_add_rms_norm(step_rows)
         assert sharded.graphs is not None and all(sharded.graphs.shape_for(b) for b in steps()[1:])
         got = [sharded.execute(batch) for batch in steps()]
         eager = build_eager_logits(sharded)

@@ -34,7 +34,7 @@ class DecoderModel(nn.Module):
 
     def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The last layer's residual add and the final norm (one compiled region on CUDA)."""
-        return self.norm(residual + hidden)
+        return self.norm.add_forward(hidden, residual)[0]
 
 
 class CausalLM(nn.Module):

@@ -29,6 +29,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * self.normalize(x, self.eps)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream's add and the norm of its result: (norm(residual + x), residual + x). A sharded
+        model's norm sums x over the ranks first (parallel/layers.py: ReducingRMSNorm)."""
+        residual = residual + x
+        return self(residual), residual
+
     @staticmethod
     def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
         """x / rms(x) in x's dtype, before the weight (QK-norm applies per-head weights to it)."""
@@ -129,8 +135,11 @@ class DecoderLayer(nn.Module):
                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Region 1: residual add, input norm, q/k/v projection, QK-norm, RoPE -> q, k, v (see
         Attention.project) and the residual stream."""
-        residual = hidden if residual is None else residual + hidden
-        return (*self.self_attn.project(self.input_layernorm(residual), cos, sin), residual)
+        if residual is None:
+            normed, residual = self.input_layernorm(hidden), hidden
+        else:
+            normed, residual = self.input_layernorm.add_forward(hidden, residual)
+        return (*self.self_attn.project(normed, cos, sin), residual)
 
     def attention_output(self, residual: torch.Tensor,
                          attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,5 +147,6 @@ class DecoderLayer(nn.Module):
 
         residual [num_tokens, hidden_size] is the stream entering the layer; attention [num_tokens, heads, head_dim].
         """
-        residual = residual + self.self_attn.o_proj(attention.reshape(residual.shape[0], self.self_attn.q_size))
-        return self.mlp(self.post_attention_layernorm(residual)), residual
+        attended = self.self_attn.o_proj(attention.reshape(residual.shape[0], self.self_attn.q_size))
+        normed, residual = self.post_attention_layernorm.add_forward(attended, residual)
+        return self.mlp(normed), residual

@@ -5,12 +5,15 @@ compiled layer regions (model/compile.py) instead of tracing into torch.distribu
 while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it into the graph like any
 kernel, as nano-vllm's and vLLM's captured decode steps do), or, where SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot
 set one up at start-up, the one-shot all-reduce over symmetric memory for the tensors it takes
-(one_shot_all_reduce.py).
+(one_shot_all_reduce.py). `all_reduce_add_rms_norm` is the all-reduce of a row-parallel layer's output together
+with the residual add and RMSNorm after it: one kernel with the one shot, else the same three steps.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from verifier_service.model.layers import RMSNorm
 
 # torch 2.13 renamed all_gather_into_tensor (same arguments); the GPU image's torch 2.11 has only the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -40,6 +43,31 @@ def all_reduce_(tensor: torch.Tensor) -> None:
 @all_reduce_.register_fake
 def _all_reduce_shape(tensor: torch.Tensor) -> None:
     return None
+
+
+def fuses_add_rms_norm(x: torch.Tensor) -> bool:
+    """Whether all_reduce_add_rms_norm(x, ...) runs as one kernel: the one shot is set up and takes x's shape.
+    Read while a region compiles (shapes and dtype only), so that other shapes keep NCCL's all-reduce, with the
+    add and norm fused by the compiler behind it."""
+    return _one_shot is not None and _one_shot.fits_rows(x)
+
+
+@torch.library.custom_op("specd::tensor_parallel_all_reduce_add_rms_norm", mutates_args=())
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * rms_norm(stream), stream) with stream = residual + x summed over the ranks (RMSNorm.add_forward
+    of the sum), x and residual [rows, hidden]."""
+    if fuses_add_rms_norm(x) and x.is_contiguous() and residual.is_contiguous():
+        return _one_shot.add_rms_norm(x, residual, weight, eps)
+    total = x.clone()
+    dist.all_reduce(total)
+    stream = residual + total
+    return weight * RMSNorm.normalize(stream, eps), stream
+
+
+@all_reduce_add_rms_norm.register_fake
+def _all_reduce_add_rms_norm_shape(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(residual)
 
 
 def gather_vocab(local_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -1,12 +1,14 @@
-"""The two module kinds a sharded model needs beyond plain nn.Linear (column-parallel layers are plain
-nn.Linear with fewer output rows): a row-parallel linear and a vocab-parallel embedding."""
+"""The module kinds a sharded model needs beyond plain nn.Linear (column-parallel layers are plain nn.Linear with
+fewer output rows): a row-parallel linear, the RMSNorm that sums its output over the ranks, and a vocab-parallel
+embedding."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verifier_service.parallel.collectives import all_reduce_
+from verifier_service.model.layers import RMSNorm
+from verifier_service.parallel.collectives import all_reduce_, all_reduce_add_rms_norm, fuses_add_rms_norm
 
 
 class RowParallelLinear(nn.Linear):
@@ -15,13 +17,32 @@ class RowParallelLinear(nn.Linear):
     The bias is the whole bias on every rank, added after the all-reduce (so it counts once). A subclass
     of nn.Linear so that parameter names and shapes load as the checkpoint's; the CPU's oneDNN prepacking
     (model/cpu_linear.py), which replaces plain nn.Linear only, leaves it alone.
+
+    reduce_output False (a layer without bias whose output feeds a ReducingRMSNorm): forward returns this rank's
+    partial sum x_r W_r^T and the norm sums it.
     """
+
+    reduce_output = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features / N] -> [num_tokens, out_features], the same on every rank."""
         out = F.linear(x, self.weight)
+        if not self.reduce_output:
+            return out
         all_reduce_(out)
         return out if self.bias is None else out + self.bias
+
+
+class ReducingRMSNorm(RMSNorm):
+    """The norm after a row-parallel layer that leaves its sum to it: add_forward(x, residual) sums x (the layer's
+    partial output) over the ranks, then adds and norms. With the one-shot all-reduce that is one kernel
+    (collectives.all_reduce_add_rms_norm); else NCCL's all-reduce, then the add and norm the compiler fuses."""
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if fuses_add_rms_norm(x):
+            return all_reduce_add_rms_norm(x, residual, self.weight, self.eps)
+        all_reduce_(x)
+        return super().add_forward(x, residual)
 
 
 class VocabParallelEmbedding(nn.Module):

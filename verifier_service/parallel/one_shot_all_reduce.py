@@ -1,17 +1,19 @@
-"""A low-latency all-reduce for the small tensors of decode steps: PyTorch's symmetric memory, one shot.
+"""A low-latency all-reduce for the small tensors of decode steps, over PyTorch's symmetric memory, in one kernel.
 
 A batch-1 step of a sharded model runs two all-reduces per layer of one [tokens, hidden] row block (8 KB for
 Qwen3-8B). NCCL spends ~12 us on each in a CUDA graph, almost all of it latency: at TP = 2 on H100s a Qwen3-8B
-decode step takes 4.40 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS.md, round 10). One shot: each rank writes
-its tensor into a buffer every rank of the host maps (torch.distributed._symmetric_memory: CUDA IPC over
-NVLink), the ranks meet at a barrier of signal pads, and each rank sums every rank's buffer itself, then meets
-the others again so that no buffer is overwritten while a peer still reads it. A copy and one kernel per all-reduce,
-captured into CUDA graphs like any kernel. It needs no NVLink multicast (NVLS), which is off on our machines.
+decode step took 4.40 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS.md, round 10), 0.84 ms of it in 72
+all-reduces. PyTorch's own one-shot kernel (a barrier of signal pads, a read of every peer's buffer, a second
+barrier, and a copy into the shared buffer before it) saved only 2 us of them. This one sends instead of reads:
+each rank writes its words straight into every peer's buffer (CUDA IPC over NVLink) and waits for theirs in its
+own, with no barrier (triton_one_shot.py says how). A row-parallel layer's sum feeds a residual add and an RMSNorm
+(model/layers.py: RMSNorm.add_forward); `add_rms_norm` does those in the same kernel, so the layer's all-reduce
+costs one launch in all.
 
-Opt-in: SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot (default nccl). Measured (round 10, 2x H100): 9.8 us against
-NCCL's 11.7 us at 8 KB, but the TP = 2 decode step was not faster with it (4.52 against 4.40 ms). Tensors of
-another dtype or over MAX_BYTES (prefill chunks, big batches), and every run off CUDA, keep NCCL / gloo.
-Every rank sets it up at start-up, or none does (a rank that fails says why; then all keep NCCL).
+Opt-in: SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot (default nccl). Tensors of another dtype or over MAX_BYTES
+(prefill chunks, big batches), and every run off CUDA, keep NCCL / gloo. Every rank sets it up at start-up, or none
+does (a rank that fails says why; then all keep NCCL). It needs no NVLink multicast (NVLS), which is off on our
+machines.
 """
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ logger = logging.getLogger(__name__)
 
 MODE_ENV = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
 MODES = ("nccl", "one-shot")
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)  # what PyTorch's one-shot kernel is built for
-MAX_BYTES = 512 << 10  # one shot reads every peer's whole tensor: past ~0.5 MB NCCL's ring is faster
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)  # 16-bit words: -0.0 marks a word not yet arrived
+MAX_BYTES = 512 << 10  # every rank sends its whole tensor to every peer: past ~0.5 MB NCCL's ring is faster
+CHUNK = 1024  # words per program of a plain all-reduce (8 per thread, one 16-byte store each)
+MIN_ROW, MAX_ROW = 64, 16384  # the rows add_rms_norm takes, one per program (Llama-3-405B's hidden: 16384)
 
 
 def all_reduce_mode() -> str:
@@ -39,31 +43,65 @@ def all_reduce_mode() -> str:
 
 
 class OneShotAllReduce:
-    """Sums small tensors of one dtype over the default process group's ranks (see the module docstring)."""
+    """Sums small tensors of one dtype over the default process group's ranks (see the module docstring).
+
+    Its buffer holds two independent sets of slots, one for plain all-reduces and one for add_rms_norm (their
+    programs split a tensor differently, and a program must own the same words at every launch): each
+    [2 parities, ranks, MAX_BYTES], with a parity counter per program.
+    """
 
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
-        self.dtype = dtype
-        self.group_name = dist.group.WORLD.group_name
+        from verifier_service.parallel.triton_one_shot import EMPTY
+
+        self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
+        self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
+        group_name = dist.group.WORLD.group_name
         with warnings.catch_warnings():  # needed by older torch (the GPU image's 2.11); deprecated, a no-op, later
             warnings.simplefilter("ignore")
-            symm_mem.enable_symm_mem_for_group(self.group_name)
-        self.buffer = symm_mem.empty(MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
-        symm_mem.rendezvous(self.buffer, self.group_name)  # collective: every rank maps every buffer
+            symm_mem.enable_symm_mem_for_group(group_name)
+        set_words = 2 * self.world * self.slot
+        self.buffer = symm_mem.empty(2 * set_words, dtype=torch.int16, device=device).fill_(EMPTY)
+        self.handle = symm_mem.rendezvous(self.buffer, group_name)  # collective: every rank maps every buffer
+        self.plain = (0, torch.zeros(-(-self.slot // CHUNK), dtype=torch.int32, device=device))
+        self.norm = (set_words, torch.zeros(self.slot // MIN_ROW, dtype=torch.int32, device=device))
+        torch.cuda.synchronize(device)
+        dist.barrier()  # no rank sends before every buffer is empty
 
     def fits(self, tensor: torch.Tensor) -> bool:
-        """Whether one shot takes tensor: its dtype, contiguous, 16-byte aligned, at most MAX_BYTES."""
-        size = tensor.numel() * tensor.element_size()
-        return (tensor.dtype == self.dtype and tensor.is_contiguous() and size <= MAX_BYTES and size % 16 == 0
-                and tensor.data_ptr() % 16 == 0)
+        """Whether the plain all-reduce takes tensor: its dtype, contiguous, at most MAX_BYTES."""
+        return tensor.dtype == self.dtype and tensor.is_contiguous() and tensor.numel() <= self.slot
+
+    def fits_rows(self, x: torch.Tensor) -> bool:
+        """Whether add_rms_norm takes x [rows, hidden]: its dtype and shape only, what a compiled graph guards on."""
+        rows, hidden = x.shape
+        return x.dtype == self.dtype and MIN_ROW <= hidden <= MAX_ROW and rows * hidden <= self.slot
 
     def __call__(self, tensor: torch.Tensor) -> None:
         """Sums `tensor` over the ranks, in place."""
-        flat = tensor.view(-1)
-        staged = self.buffer[:flat.numel()]
-        staged.copy_(flat)  # PyTorch's documented one-shot op reads the shared buffer and writes any output
-        torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, flat)
+        numel = tensor.numel()
+        self._launch(-(-numel // CHUNK), self.plain, tensor, tensor, tensor, tensor, tensor, numel, CHUNK, 0.0,
+                     block=CHUNK, norm=False)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight * rms_norm(stream), stream), stream = residual + the sum of x over the ranks, as
+        RMSNorm.add_forward rounds them; x, residual [rows, hidden] contiguous, x fits_rows."""
+        rows, hidden = x.shape
+        normed, stream = torch.empty_like(x), torch.empty_like(residual)
+        self._launch(rows, self.norm, x, normed, residual, weight, stream, x.numel(), hidden, eps,
+                     block=1 << (hidden - 1).bit_length(), norm=True)
+        return normed, stream
+
+    def _launch(self, programs: int, slots: tuple[int, torch.Tensor], x, out, residual, weight, residual_out,
+                numel: int, width: int, eps: float, block: int, norm: bool) -> None:
+        from verifier_service.parallel.triton_one_shot import one_shot_kernel
+
+        base, parities = slots
+        one_shot_kernel[(programs,)](x.view(torch.int16), out, residual, weight, residual_out, numel, width, eps,
+                                     self.handle.buffer_ptrs_dev, base, self.slot, parities, RANK=self.rank,
+                                     WORLD=self.world, BLOCK=block, NORM=norm, num_warps=8 if block >= 4096 else 4)
 
 
 def set_up(dtype: torch.dtype, device: torch.device) -> OneShotAllReduce | None:
