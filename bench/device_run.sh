@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels] [sampler]
-#                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2oneshot]
-#                            [tplatency4oneshot] [allreduce] [oneshottest] [tplatency70b] [tpthroughput]
+#                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2nccl]
+#                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -17,8 +17,8 @@
 # tptests = the TP GPU tests (~5 min: five model builds, four compiled anew; with the one-shot all-reduce's own,
 # which oneshottest runs alone, ~1 min); tplatency1 / tplatency2 /
 # tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2-3 min each; tplatency = all three), rows
-# collected in one table across parts; tplatency2oneshot / tplatency4oneshot = the same with the one-shot
-# all-reduce over symmetric memory (SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot) instead of NCCL's; allreduce = that
+# collected in one table across parts, with the default one-shot all-reduce over symmetric memory; tplatency2nccl /
+# tplatency4nccl = the same with NCCL's (SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl); allreduce = the one shot
 # all-reduce against NCCL's alone, 8 KB to 2 MB at 2 and 4 ranks in CUDA graphs (bench/gpu_allreduce.py, ~1 min);
 # tplatency70b = Llama-3-70B shapes at TP 4 with speculation on / off (weights drawn on each GPU, no checkpoint);
 # tpthroughput = nano-vllm's workload at TP 2 on a Qwen3-8B-shaped checkpoint, nano-vllm's own tp2 run first in
@@ -84,7 +84,7 @@ for part in "$@"; do
     oneshottest) TAIL=6 tp_run 150 one_shot_test python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_one_shot_all_reduce.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
-    tplatency2oneshot|tplatency4oneshot) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot tp_latency "${p%oneshot}" ;;
+    tplatency2nccl|tplatency4nccl) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl tp_latency "${p%nccl}" ;;
     allreduce) TAIL=14 tp_run 240 allreduce python3 bench/gpu_allreduce.py ;;
     tplatency70b) tp_run 300 tp_latency70b python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation --rows "$OUT/tp_latency_rows.jsonl" ;;
     tpthroughput) models qwen3-8b && bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-8b tp2 2>&1 | tee "$OUT/nano_tp2.log" | tail -3

@@ -7,7 +7,8 @@ Per rank count and size: a CUDA graph of CALLS back-to-back all-reduces of one t
 after a warm-up, timed with CUDA events on rank 0; us per all-reduce (median replay / CALLS). The sums must equal
 NCCL's (checked first, on integer-valued data, so bf16 rounding cannot differ); the fused norm is compared with
 NCCL's sum, the add and model/layers.py's RMSNorm (tests/gpu/test_one_shot_all_reduce.py checks long random
-sequences of calls). Sizes over the one-shot limit are timed for NCCL only. A Qwen3-8B batch-1 step all-reduces 8 KB (hidden 4096, bf16), 72 times.
+sequences of calls). Sizes over the one-shot limit are timed for NCCL only. A Qwen3-8B batch-1 step all-reduces
+8 KB (hidden 4096, bf16), 72 times.
 """
 from __future__ import annotations
 

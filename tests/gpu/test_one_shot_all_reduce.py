@@ -1,4 +1,4 @@
-"""The one-shot all-reduce (verifier_service/parallel/one_shot_all_reduce.py) on 2 GPUs: every call of a long
+"""The one-shot all-reduce (verifier_service/parallel/one_shot_all_reduce.py) on 2 and 4 GPUs: every call of a long
 random sequence - plain sums and sums fused with the residual add + RMSNorm, row counts drawn anew each call, so
 that its programs' parities run out of step with each other - gives NCCL's result, eagerly and replayed from one
 CUDA graph with new data at every replay. The data are small integers, whose sums are exact in bf16 in any order:
@@ -48,13 +48,13 @@ def run(one_shot, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
     return one_shot.add_rms_norm(x, residual, weight, EPS)
 
 
-def rank_main(rank: int, port: int, results) -> None:
+def rank_main(rank: int, world: int, port: int, results) -> None:
     from verifier_service.parallel.one_shot_all_reduce import OneShotAllReduce
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=2, device_id=device)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
     one_shot = OneShotAllReduce(torch.bfloat16, device)
     rng = random.Random(0)  # the same draws on both ranks
     max_rows = one_shot.slot // HIDDEN
@@ -90,16 +90,17 @@ def rank_main(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
-def test_every_call_of_a_random_sequence_equals_nccl_eagerly_and_replayed():
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_call_of_a_random_sequence_equals_nccl_eagerly_and_replayed(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
     pytest.importorskip("triton")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(rank_main, args=(port, results), nprocs=2)
+        mp.spawn(rank_main, args=(world, port, results), nprocs=world)
         results = dict(results)
     print("wrong / checked per rank:", results)
     assert all(wrong == 0 for wrong, _ in results.values()), results

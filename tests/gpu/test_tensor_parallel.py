@@ -62,7 +62,8 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got - expected).norm() / expected.norm())
 
 
-@pytest.mark.parametrize("tensor_parallel_size, all_reduce", [(2, "nccl"), (4, "nccl"), (2, "one-shot")])
+@pytest.mark.parametrize("tensor_parallel_size, all_reduce", [(2, "nccl"), (4, "nccl"), (2, "one-shot"),
+                                                             (4, "one-shot")])
 def test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed(checkpoint, tensor_parallel_size, all_reduce,
                                                                   monkeypatch):
     from verifier_service.parallel import collectives

@@ -3,8 +3,8 @@
 `all_reduce_` is registered as a custom op so that torch.compile keeps it as one opaque call inside the
 compiled layer regions (model/compile.py) instead of tracing into torch.distributed; at run time, and
 while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it into the graph like any
-kernel, as nano-vllm's and vLLM's captured decode steps do), or, where SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot
-set one up at start-up, the one-shot all-reduce over symmetric memory for the tensors it takes
+kernel, as nano-vllm's and vLLM's captured decode steps do), or, where start-up set one up (on CUDA unless
+SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl), the one-shot all-reduce over symmetric memory for the tensors it takes
 (one_shot_all_reduce.py). `all_reduce_add_rms_norm` is the all-reduce of a row-parallel layer's output together
 with the residual add and RMSNorm after it: one kernel with the one shot, else the same three steps.
 """

@@ -10,10 +10,12 @@ own, with no barrier (triton_one_shot.py says how). A row-parallel layer's sum f
 (model/layers.py: RMSNorm.add_forward); `add_rms_norm` does those in the same kernel, so the layer's all-reduce
 costs one launch in all.
 
-Opt-in: SPECD_TENSOR_PARALLEL_ALL_REDUCE=one-shot (default nccl). Tensors of another dtype or over MAX_BYTES
-(prefill chunks, big batches), and every run off CUDA, keep NCCL / gloo. Every rank sets it up at start-up, or none
-does (a rank that fails says why; then all keep NCCL). It needs no NVLink multicast (NVLS), which is off on our
-machines.
+The default on CUDA; SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl turns it off. Measured (round 11, H100s): 3.1 us an
+all-reduce of 8 KB against NCCL's 11.7 (4.5 us fused with the add and norm); a Qwen3-8B TP 2 decode step 4.06-4.11
+against 4.29 ms, a Llama-3-70B TP 4 step 15.29 against 16.07 ms. Tensors of another dtype or over MAX_BYTES (prefill
+chunks, big batches), and every run off CUDA, keep NCCL / gloo. Every rank sets it up at start-up, or none does (a
+rank that fails says why, e.g. no peer access between its GPUs; then all keep NCCL). It needs no NVLink multicast
+(NVLS), which is off on our machines.
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ MIN_ROW, MAX_ROW = 64, 16384  # the rows add_rms_norm takes, one per program (Ll
 
 
 def all_reduce_mode() -> str:
-    """SPECD_TENSOR_PARALLEL_ALL_REDUCE, checked: one of MODES (default nccl)."""
-    mode = os.environ.get(MODE_ENV) or "nccl"
+    """SPECD_TENSOR_PARALLEL_ALL_REDUCE, checked: one of MODES (default one-shot)."""
+    mode = os.environ.get(MODE_ENV) or "one-shot"
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}: must be one of {', '.join(MODES)}, got {mode!r}")
     return mode
@@ -62,7 +64,7 @@ class OneShotAllReduce:
             warnings.simplefilter("ignore")
             symm_mem.enable_symm_mem_for_group(group_name)
         set_words = 2 * self.world * self.slot
-        self.buffer = symm_mem.empty(2 * set_words, dtype=torch.int16, device=device).fill_(EMPTY)
+        self.buffer = symm_mem.empty(2 * set_words, dtype=torch.int16, device=device).fill_(EMPTY.value)
         self.handle = symm_mem.rendezvous(self.buffer, group_name)  # collective: every rank maps every buffer
         self.plain = (0, torch.zeros(-(-self.slot // CHUNK), dtype=torch.int32, device=device))
         self.norm = (set_words, torch.zeros(self.slot // MIN_ROW, dtype=torch.int32, device=device))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-EMPTY = -32768  # the bits of -0.0 in bf16 and fp16
+EMPTY = tl.constexpr(-32768)  # the bits of -0.0 in bf16 and fp16
 
 
 @triton.jit
