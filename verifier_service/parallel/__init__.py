@@ -10,8 +10,9 @@ and inside the forward every rank meets the others in the same collectives (an a
 embedding, o_proj and down_proj, an all-gather of the LM head's vocabulary slices). Only rank 0 samples.
 
 Files: shard.py (who holds what), layers.py + model.py (the sharded modules), collectives.py (the
-all-reduce the compiled regions can hold, the logits gather), one_shot_all_reduce.py (an opt-in low-latency
-all-reduce over symmetric memory for decode steps' small tensors), batch_codec.py + step_channel.py (one
+all-reduce the compiled regions can hold, fused with the residual add + norm where it can be, the logits gather),
+one_shot_all_reduce.py + triton_one_shot.py (the low-latency all-reduce over symmetric memory for decode steps'
+small tensors, the default on CUDA), batch_codec.py + step_channel.py (one
 step's inputs to the other ranks), launch.py + worker.py (process start-up), runner.py (rank 0's
 runner), supervisor.py (a rank that dies or hangs takes the verifier out), teardown.py (every rank drops its
 CUDA graphs, then all leave the process groups together), diagnostics.py (per-rank phase logs and stack dumps,
