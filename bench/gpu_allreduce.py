@@ -96,7 +96,7 @@ def rank_main(rank: int, world: int, port: int, sizes_kb: list[int], dtype: torc
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-    ours, theirs = OneShotAllReduce(dtype, device), torch_one_shot(dtype, device)
+    ours, theirs = OneShotAllReduce(dtype, device).connect(), torch_one_shot(dtype, device)
     weight = torch.randn(hidden, device=device).to(dtype)
     for kb in sizes_kb:
         numel = kb * 1024 // dtype.itemsize

@@ -55,7 +55,7 @@ def rank_main(rank: int, world: int, port: int, results) -> None:
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-    one_shot = OneShotAllReduce(torch.bfloat16, device)
+    one_shot = OneShotAllReduce(torch.bfloat16, device).connect()
     rng = random.Random(0)  # the same draws on both ranks
     max_rows = one_shot.slot // HIDDEN
     weight = torch.randn(HIDDEN, device=device).to(torch.bfloat16)

@@ -65,11 +65,18 @@ class OneShotAllReduce:
             symm_mem.enable_symm_mem_for_group(group_name)
         set_words = 2 * self.world * self.slot
         self.buffer = symm_mem.empty(2 * set_words, dtype=torch.int16, device=device).fill_(EMPTY.value)
-        self.handle = symm_mem.rendezvous(self.buffer, group_name)  # collective: every rank maps every buffer
         self.plain = (0, torch.zeros(-(-self.slot // CHUNK), dtype=torch.int32, device=device))
         self.norm = (set_words, torch.zeros(self.slot // MIN_ROW, dtype=torch.int32, device=device))
-        torch.cuda.synchronize(device)
-        dist.barrier()  # no rank sends before every buffer is empty
+        self.group_name, self.handle = group_name, None
+        torch.cuda.synchronize(device)  # empty before connect() lets a peer see it
+
+    def connect(self) -> OneShotAllReduce:
+        """Maps every rank's buffer into this one (collective: every rank calls it). It returns once every rank has
+        called it, and each emptied its buffer first: from then on any rank may send."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
+        return self
 
     def fits(self, tensor: torch.Tensor) -> bool:
         """Whether the plain all-reduce takes tensor: its dtype, contiguous, at most MAX_BYTES."""
@@ -115,17 +122,27 @@ def set_up(dtype: torch.dtype, device: torch.device) -> OneShotAllReduce | None:
         logger.warning("one-shot all-reduce takes %s, not %s: NCCL all-reduces throughout",
                        ", ".join(map(str, SUPPORTED_DTYPES)), dtype)
         return None
+    one_shot = on_every_rank(lambda: OneShotAllReduce(dtype, device), device, "allocate its buffer")
+    if one_shot is None or on_every_rank(one_shot.connect, device, "map its peers' buffers") is None:
+        return None
+    logger.info("rank %d: one-shot all-reduce (symmetric memory) for %s tensors up to %d KB", dist.get_rank(),
+                dtype, MAX_BYTES >> 10)
+    return one_shot
+
+
+def on_every_rank(make, device: torch.device, what: str):
+    """make()'s result where it succeeded on every rank of the default group, else None on every rank: the ranks
+    agree in one all-reduce, so that none goes on to a collective step (the buffers' rendezvous) that another rank
+    has given up, and waits there forever. `what` names the step in the warning."""
     made, reason = None, ""
     try:
-        made = OneShotAllReduce(dtype, device)
+        made = make()
     except Exception as error:  # noqa: BLE001 - reported, then every rank falls back together
         reason = f"{type(error).__name__}: {error}"
     everyone = torch.tensor([made is not None], dtype=torch.int32, device=device)
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
-    if not everyone.item():
-        logger.warning("rank %d: one-shot all-reduce unavailable (%s): NCCL all-reduces throughout", dist.get_rank(),
-                       reason or "another rank could not set it up")
-        return None
-    logger.info("rank %d: one-shot all-reduce (symmetric memory) for %s tensors up to %d KB", dist.get_rank(),
-                dtype, MAX_BYTES >> 10)
-    return made
+    if everyone.item():
+        return made
+    logger.warning("rank %d: one-shot all-reduce unavailable (could not %s: %s): NCCL all-reduces throughout",
+                   dist.get_rank(), what, reason or "another rank failed")
+    return None
