@@ -13,8 +13,8 @@ from torch import nn
 
 from verifier_service.model.config import ModelConfig
 from verifier_service.model.decoder import CausalLM
-from verifier_service.parallel.collectives import gather_vocab
 from verifier_service.model.layers import RMSNorm
+from verifier_service.parallel.collectives import gather_vocab
 from verifier_service.parallel.layers import ReducingRMSNorm, RowParallelLinear, VocabParallelEmbedding
 from verifier_service.parallel.shard import RankShard
 
