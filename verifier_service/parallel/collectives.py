@@ -5,15 +5,13 @@ compiled layer regions (model/compile.py) instead of tracing into torch.distribu
 while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it into the graph like any
 kernel, as nano-vllm's and vLLM's captured decode steps do), or, where start-up set one up (on CUDA unless
 SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl), the one-shot all-reduce over symmetric memory for the tensors it takes
-(one_shot_all_reduce.py). `all_reduce_add_rms_norm` is the all-reduce of a row-parallel layer's output together
-with the residual add and RMSNorm after it: one kernel with the one shot, else the same three steps.
+(one_shot_all_reduce.py). `all_reduce_add_rms_norm` is the one shot's all-reduce of a row-parallel layer's output
+together with the residual add and RMSNorm after it, in one kernel (parallel/layers.py: ReducingRMSNorm).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-from verifier_service.model.layers import RMSNorm
 
 # torch 2.13 renamed all_gather_into_tensor (same arguments); the GPU image's torch 2.11 has only the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -56,13 +54,9 @@ def fuses_add_rms_norm(x: torch.Tensor) -> bool:
 def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight * rms_norm(stream), stream) with stream = residual + x summed over the ranks (RMSNorm.add_forward
-    of the sum), x and residual [rows, hidden]."""
-    if fuses_add_rms_norm(x) and x.is_contiguous() and residual.is_contiguous():
-        return _one_shot.add_rms_norm(x, residual, weight, eps)
-    total = x.clone()
-    dist.all_reduce(total)
-    stream = residual + total
-    return weight * RMSNorm.normalize(stream, eps), stream
+    of the sum), x and residual [rows, hidden], in the one shot's one kernel: only where fuses_add_rms_norm(x)
+    (ReducingRMSNorm asks before it calls)."""
+    return _one_shot.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
 
 
 @all_reduce_add_rms_norm.register_fake

@@ -55,8 +55,9 @@ class OneShotAllReduce:
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
-        from verifier_service.parallel.triton_one_shot import EMPTY
+        from verifier_service.parallel.triton_one_shot import EMPTY, one_shot_kernel
 
+        self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
         self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
         group_name = dist.group.WORLD.group_name
@@ -105,12 +106,10 @@ class OneShotAllReduce:
 
     def _launch(self, programs: int, slots: tuple[int, torch.Tensor], x, out, residual, weight, residual_out,
                 numel: int, width: int, eps: float, block: int, norm: bool) -> None:
-        from verifier_service.parallel.triton_one_shot import one_shot_kernel
-
         base, parities = slots
-        one_shot_kernel[(programs,)](x.view(torch.int16), out, residual, weight, residual_out, numel, width, eps,
-                                     self.handle.buffer_ptrs_dev, base, self.slot, parities, RANK=self.rank,
-                                     WORLD=self.world, BLOCK=block, NORM=norm, num_warps=8 if block >= 4096 else 4)
+        self.kernel[(programs,)](x.view(torch.int16), out, residual, weight, residual_out, numel, width, eps,
+                                 self.handle.buffer_ptrs_dev, base, self.slot, parities, RANK=self.rank,
+                                 WORLD=self.world, BLOCK=block, NORM=norm, num_warps=8 if block >= 4096 else 4)
 
 
 def set_up(dtype: torch.dtype, device: torch.device) -> OneShotAllReduce | None:
