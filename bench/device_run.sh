@@ -7,7 +7,8 @@
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
 # .device/old; nanovllm: specd's throughput (speculation off / on, async) alternating with nano-vllm's own
-# bench.py on the same workload and card (peers in .device/peers); nanovllm_before: the same with the code in
+# bench.py on the same workload and card (peers in .device/peers; specd's configurations in one process, their
+# order reversed every other round, every step's stats in $OUT/steps.jsonl); nanovllm_before: the same with the code in
 # .device/old as a third column; kernels: specd's and nano-vllm's device time on that workload by kernel family
 # (after nanovllm, which installs nano-vllm's wheels); sampler: a sampled step's sampler alone, before / now
 # (bench/gpu_sampler.py).
@@ -70,9 +71,12 @@ for part in "$@"; do
     enginestep_before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_engine_step.py /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/engine_step_before.log" | tail -5 ;;
     nanovllm|nanovllm_before) models qwen3-0.6b && for round in $(seq "${ROUNDS:-2}"); do
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
-        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs "${CONFIGS:-compiled,compiled+ngram-adaptive}" 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
+        configs=${CONFIGS:-compiled,compiled+ngram-adaptive}  # in one process; every other round in reverse order
+        [ $((round % 2)) = 0 ] && configs=$(echo "$configs" | tr , '\n' | tac | paste -sd,)
+        python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs "$configs" --steps-out "$OUT/steps.jsonl" 2>&1 | tee -a "$OUT/throughput_vs_nano.log" | tail -3
         [ "$part" = nanovllm ] || (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled 2>&1) | tee -a "$OUT/throughput_before.log" | tail -2
-      done ;;
+      done
+      python3 bench/step_phases.py "$OUT/steps.jsonl" | tee "$OUT/step_phases.md" ;;
     kernels) models qwen3-0.6b && python3 bench/gpu_throughput.py /tmp/models/qwen3-0.6b --configs compiled --kernels 2>&1 | tee "$OUT/kernels.log" | grep -A24 "under the profiler" | grep -v '^{'
       PYTHONPATH=/tmp/peer-site:$PWD/.device/peers/nano-vllm:$PYTHONPATH python3 bench/nano_kernels.py /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/nano_kernels.log" | grep -A24 "under the profiler" ;;
     sampler) python3 bench/gpu_sampler.py 2>&1 | tee "$OUT/sampler.log" | tail -7 ;;

@@ -2,10 +2,12 @@
 [100, 1024], random token ids, temperature 0.6, ignore_eos; per engine configuration (see CONFIGS).
 
 Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
-       [--schedule async,sync,...] [--cprofile] [--kernels]
+       [--schedule async,sync,...] [--cprofile] [--kernels] [--steps-out FILE]
 Throughput = output tokens / wall time of the whole run (prefill included), as nano-vllm counts it.
 --schedule runs the workload once per entry on the same engine (one compile and capture), with async
 scheduling on or off (engine.py), so the two can be compared on one host, alternating.
+--steps-out appends one JSON line per run: every step's running requests, tokens, drafts and stage seconds, to
+find where in the run (prefill, the full batch, the tail) two configurations differ.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def run(engine: Engine, prompts, max_tokens) -> tuple[float, int]:
 
 
 def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: list[str],
-            profile: bool = False, freeze: bool = True, kernels: bool = False) -> list[dict]:
+            profile: bool = False, freeze: bool = True, kernels: bool = False,
+            steps_out: str | None = None) -> list[dict]:
     speculation, changes = CONFIGS[name]
     config = EngineConfig(model=model, device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=0,
                           kv_cache_memory_fraction=0.75, max_num_seqs=256, max_num_batched_tokens=16384,
@@ -78,7 +81,8 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
     for schedule in schedules:
         engine.async_scheduling = schedule == "async"
         engine.take_step_stats()
-        rows.append(measure_run(engine, f"{name}/{schedule}", prompts, max_tokens, profile, config.max_num_seqs))
+        rows.append(measure_run(engine, f"{name}/{schedule}", prompts, max_tokens, profile, config.max_num_seqs,
+                                steps_out))
         rows[-1]["load_compile_capture_s"] = load_s
         print(json.dumps(rows[-1]), flush=True)
     if kernels:  # one more run under the profiler: where the device time goes, and how long the device idles
@@ -95,7 +99,8 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
     return rows
 
 
-def measure_run(engine: Engine, name: str, prompts, max_tokens, profile: bool, max_num_seqs: int) -> dict:
+def measure_run(engine: Engine, name: str, prompts, max_tokens, profile: bool, max_num_seqs: int,
+                steps_out: str | None = None) -> dict:
     if profile:  # where the host's time goes (cProfile slows Python code; read the ranking, not the totals)
         import cProfile
         import pstats
@@ -113,16 +118,29 @@ def measure_run(engine: Engine, name: str, prompts, max_tokens, profile: bool, m
         for stage, stage_s in s.stage_seconds.items():
             stages[stage] = stages.get(stage, 0.0) + stage_s
     prefill = [s for s in stats if s.num_tokens > 2 * max_num_seqs]  # steps carrying prompt chunks
+    if steps_out:
+        write_steps(steps_out, name, stats)
     return {"config": name, "seconds": seconds, "output_tokens": produced, "tok_per_s": produced / seconds,
             "steps": len(stats), "steps_with_drafts": len(spec), "draft_tokens": sum(s.num_draft_tokens for s in spec),
             "accepted_tokens": sum(s.num_accepted_tokens for s in spec),
             "draft_skips": sum(s.num_draft_skips for s in stats),
+            "preemptions": sum(s.num_preemptions for s in stats), "kv_blocks": engine.block_manager.num_blocks,
             "graphs": engine.runner.graphs is not None,
             "stage_seconds": {k: round(v, 3) for k, v in stages.items()},  # where the wall time went
             "prefill_steps": len(prefill),
             "prefill_seconds": round(sum(sum(s.stage_seconds.values()) for s in prefill), 3),
             "gc_seconds": round(collections.seconds, 3) if not profile else None,
             "gc_full_collections": collections.full if not profile else None}
+
+
+def write_steps(path: str, name: str, stats) -> None:
+    """One JSON line: per step [running after it, tokens fed, draft tokens, seconds per stage (STAGES order)]."""
+    from verifier_service.engine.stats import STAGES
+
+    steps = [[s.num_running, s.num_tokens, s.spec_decoding.num_draft_tokens if s.spec_decoding else 0,
+              *(round(s.stage_seconds.get(stage, 0.0), 6) for stage in STAGES)] for s in stats]
+    with open(path, "a") as out:
+        out.write(json.dumps({"config": name, "stages": STAGES, "steps": steps}) + "\n")
 
 
 class CollectionTimer:
@@ -154,13 +172,14 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true", help="print the host's hottest functions per config")
     parser.add_argument("--kernels", action="store_true", help="one more run per config under torch's profiler: "
                         "device busy / wall and the kernels that take the time (bench/kernel_table.py)")
+    parser.add_argument("--steps-out", help="append every run's per-step stats to this file (JSON lines)")
     parser.add_argument("--no-gc-freeze", action="store_true", help="skip the verifier's gc.freeze() after warm-up")
     args = parser.parse_args()
     prompts, max_tokens = workload(args.num_seqs)
     schedules = args.schedule.split(",")
     rows = [row for name in args.configs.split(",")
             for row in measure(name, args.model, args.eager, prompts, max_tokens, schedules, args.cprofile,
-                               not args.no_gc_freeze, args.kernels)]
+                               not args.no_gc_freeze, args.kernels, args.steps_out)]
     card = torch.cuda.get_device_name()
     print(json.dumps({"card": card, "rows": rows}, indent=1))
     print(f"\n{card}, {args.num_seqs} seqs, {'eager' if args.eager else 'CUDA graphs'}")

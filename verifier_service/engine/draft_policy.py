@@ -33,7 +33,7 @@ class DraftPolicy:
 
     def __init__(self, config: DraftPolicyConfig | None = None) -> None:
         self.config = config or DraftPolicyConfig()
-        self.num_skipped = 0  # request-steps that could have drafted but were held back (since start)
+        self.num_skipped = 0  # request-steps of decoding requests with k > 0 held back (since start)
 
     def allows(self, num_running: int) -> bool:
         """Whether a decoding request may draft in a step with num_running requests (counts refusals)."""

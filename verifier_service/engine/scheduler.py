@@ -179,9 +179,10 @@ class Scheduler:
         num_tokens = min(num_remaining, budget)
         if num_remaining > 1:
             return num_tokens, 0
+        if request.num_speculative_tokens <= 0 or (self.draft_policy is not None
+                                                   and not self.draft_policy.allows(len(self.running))):
+            return num_tokens, 0  # the policy first: a large batch (the common case) needs no per-request caps
         max_drafts = self._max_drafts(request, extra=request.num_pending_drafts)
-        if max_drafts > 0 and self.draft_policy is not None and not self.draft_policy.allows(len(self.running)):
-            return num_tokens, 0
         return num_tokens, max(0, min(max_drafts, budget - 1))
 
     def _max_drafts(self, request: Request, extra: int = 0) -> int:
