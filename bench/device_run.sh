@@ -16,7 +16,8 @@
 # tpsmoke = the cheapest check, a small random Llama at TP 2 three times (eager; CUDA graphs without compile;
 # compiled + graphs as the verifier runs), each phase timed (bench/gpu_tp.py smoke), ~2-3 min in all;
 # tptests = the TP GPU tests (~5 min: five model builds, four compiled anew; with the one-shot all-reduce's own,
-# which oneshottest runs alone, ~1 min); tplatency1 / tplatency2 /
+# which oneshottest runs alone, ~1 min; the one-shot logits cases first, each in a process of its own, since torch
+# binds a process's symmetric memory to its first process group); tplatency1 / tplatency2 /
 # tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2-3 min each; tplatency = all three), rows
 # collected in one table across parts, with the default one-shot all-reduce over symmetric memory; tplatency2nccl /
 # tplatency4nccl = the same with NCCL's (SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl); allreduce = the one shot
@@ -32,6 +33,13 @@ OUT=${OUT:-/tmp/out}
 [ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
   touch /tmp/site/.specd-installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# The drafter's native store (setup.py), as `pip install` builds it, here and in .device/old, from the setuptools and
+# pybind11 wheels in .device/build/ (without them the in-process proposer of the benches runs the Python store).
+for tree in . .device/old; do
+  [ -d "$tree/drafter_service" ] && ! ls "$tree"/drafter_service/_native_store*.so >/dev/null 2>&1 && ls .device/build/*.whl >/dev/null 2>&1 || continue
+  [ -d /tmp/build-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/build-site .device/build/*.whl
+  (cd "$tree" && PYTHONPATH=/tmp/build-site python3 setup.py -q build_ext --inplace >/tmp/native_store.log 2>&1) || tail -5 /tmp/native_store.log
+done
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
 models() { for p in "$@"; do [ -d "/tmp/models/$p" ] || python3 bench/make_random_model.py "$p" "/tmp/models/$p" >/dev/null; done; }
 # tp_run LIMIT NAME CMD...: one tensor-parallel command, in its own process group, output in $OUT/NAME.log (its
@@ -84,7 +92,12 @@ for part in "$@"; do
     tpsmoke) TAIL=12 tp_run 90 tp_smoke_eager python3 bench/gpu_tp.py smoke eager --tp 2
       TAIL=12 tp_run 120 tp_smoke_graphs python3 bench/gpu_tp.py smoke graphs --tp 2
       TAIL=12 tp_run 180 tp_smoke_compiled python3 bench/gpu_tp.py smoke compiled --tp 2 ;;
-    tptests) TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO tests/gpu/test_tensor_parallel.py tests/gpu/test_one_shot_all_reduce.py ;;
+    tptests) logits=tests/gpu/test_tensor_parallel.py::test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed
+      for case in 2-one-shot 4-one-shot; do  # each in a process of its own: torch binds symmetric memory once per process
+        TAIL=4 tp_run 200 "tp_tests_$case" python3 -m pytest -q -p no:cacheprovider -s "$logits[$case]"
+      done
+      TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO \
+        tests/gpu/test_tensor_parallel.py tests/gpu/test_one_shot_all_reduce.py --deselect "$logits[2-one-shot]" --deselect "$logits[4-one-shot]" ;;
     oneshottest) TAIL=6 tp_run 150 one_shot_test python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_one_shot_all_reduce.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;

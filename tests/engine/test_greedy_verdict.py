@@ -10,7 +10,7 @@ import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.draft_lookahead import drafts_after
-from verifier_service.engine.greedy_verdict import greedy_verdict
+from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
 from verifier_service.engine.rejection_sampler import PendingVerification, verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
@@ -56,3 +56,12 @@ def test_greedy_verdict_equals_the_rejection_samplers_greedy_result(seed):
 ])
 def test_drafts_after_the_guessed_outcome_of_the_step_in_flight(proposal, in_flight, slots, expected):
     assert drafts_after(proposal, in_flight, slots) == expected
+
+
+@pytest.mark.parametrize("bucket", [1, 3, 8])
+def test_the_decode_verdict_equals_the_greedy_verdict_at_width_1(bucket):
+    logits = torch.randn(bucket, VOCAB, generator=torch.Generator().manual_seed(bucket))
+    ids = torch.randint(0, VOCAB, (bucket, 1))
+    counts = torch.tensor([1] * (bucket - 1) + [0])  # the last sequence is padding
+    for got, expected in zip(decode_verdict(logits, ids, counts), greedy_verdict(logits, ids, counts)):
+        assert torch.equal(got, expected)

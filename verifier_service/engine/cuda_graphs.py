@@ -29,7 +29,7 @@ import torch
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
-from verifier_service.engine.greedy_verdict import greedy_verdict
+from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
 
 
@@ -87,11 +87,13 @@ class GraphedSteps:
                                      num_rows=self.max_batch * self.max_width))
         self._inputs = torch.zeros(max_size, dtype=torch.int64, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, GraphStep]] = {}
-        # A step's own ops are ~25 tiny kernels eagerly (positions, slots, the verdict); fused, a few.
-        self._positions, self._verdict = step_positions, greedy_verdict
+        # A step's own ops are ~25 tiny kernels eagerly (positions, slots, the verdict); fused, a few. Decode steps
+        # (width 1) judge nothing: their verdict is a function of its own (greedy_verdict.decode_verdict).
+        self._positions, self._verdict, self._decode_verdict = step_positions, greedy_verdict, decode_verdict
         if compile_step:
-            self._positions = torch.compile(step_positions, dynamic=True, fullgraph=True)
-            self._verdict = torch.compile(greedy_verdict, dynamic=True, fullgraph=True)
+            self._positions, self._verdict, self._decode_verdict = (
+                torch.compile(op, dynamic=True, fullgraph=True) for op in (step_positions, greedy_verdict,
+                                                                             decode_verdict))
 
     def _sections(self, bucket: int, width: int, num_rows: int = 0) -> list[torch.Tensor]:
         """ids, starts, counts, advances, block tables, logit rows: views of the static input buffer."""
@@ -129,7 +131,7 @@ class GraphedSteps:
             if self._positions is step_positions:
                 raise
             logger.exception("compiling the graph step's own ops failed; they run as plain kernels")
-            self._positions, self._verdict = step_positions, greedy_verdict
+            self._positions, self._verdict, self._decode_verdict = step_positions, greedy_verdict, decode_verdict
             self._forward(batch, width)
 
     def _forward(self, batch: int, width: int) -> GraphStep:
@@ -139,7 +141,8 @@ class GraphedSteps:
         with attention_context(self._metadata(batch, width, slots, context_lens, tables)):
             hidden = self.model(ids, positions)
         logits = self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
-        return GraphStep(logits, *self._verdict(logits, ids.view(batch, width), counts))
+        verdict = self._decode_verdict if width == 1 else self._verdict
+        return GraphStep(logits, *verdict(logits, ids.view(batch, width), counts))
 
     def _metadata(self, batch: int, width: int, slots: torch.Tensor, context_lens: torch.Tensor,
                   tables: torch.Tensor) -> AttentionMetadata:

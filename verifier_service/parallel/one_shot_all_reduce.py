@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -60,10 +61,7 @@ class OneShotAllReduce:
         self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
         self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
-        group_name = dist.group.WORLD.group_name
-        with warnings.catch_warnings():  # needed by older torch (the GPU image's 2.11); deprecated, a no-op, later
-            warnings.simplefilter("ignore")
-            symm_mem.enable_symm_mem_for_group(group_name)
+        group_name = enable_symmetric_memory(symm_mem, dist.group.WORLD)
         set_words = 2 * self.world * self.slot
         self.buffer = symm_mem.empty(2 * set_words, dtype=torch.int16, device=device).fill_(EMPTY.value)
         self.plain = (0, torch.zeros(-(-self.slot // CHUNK), dtype=torch.int32, device=device))
@@ -110,6 +108,34 @@ class OneShotAllReduce:
         self.kernel[(programs,)](x.view(torch.int16), out, residual, weight, residual_out, numel, width, eps,
                                  self.handle.buffer_ptrs_dev, base, self.slot, parities, RANK=self.rank,
                                  WORLD=self.world, BLOCK=block, NORM=norm, num_warps=8 if block >= 4096 else 4)
+
+
+# Group name -> the process group this process enabled symmetric memory for (see enable_symmetric_memory).
+_symmetric_groups: dict[str, weakref.ref] = {}
+
+
+def enable_symmetric_memory(symm_mem, group: dist.ProcessGroup) -> str:
+    """Enables symmetric memory for `group`; its name. torch (2.11) binds a group name's symmetric memory to the
+    store of the first process group of that name, for the life of the process (binding it again raises). A later
+    group of the same name, in a process that builds a sharded engine again (tests, benches; the verifier builds
+    one), would rendezvous through the first group's store, which its peers never see, and wait forever: it is
+    refused here instead (RuntimeError), so that every rank keeps NCCL."""
+    name = group.group_name
+    if bound_to_another_group(group):
+        raise RuntimeError(f"this process bound symmetric memory to an earlier process group named {name!r}, "
+                           "and torch cannot bind it again")
+    if name not in _symmetric_groups:
+        with warnings.catch_warnings():  # needed by older torch (the GPU image's 2.11); deprecated, a no-op, later
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(name)
+        _symmetric_groups[name] = weakref.ref(group)
+    return name
+
+
+def bound_to_another_group(group: dist.ProcessGroup) -> bool:
+    """Whether this process enabled symmetric memory for another process group of group's name before."""
+    earlier = _symmetric_groups.get(group.group_name)
+    return earlier is not None and earlier() is not group
 
 
 def set_up(dtype: torch.dtype, device: torch.device) -> OneShotAllReduce | None:
