@@ -2,7 +2,7 @@
 # Sets up the GPU machine (wheels from .device/, random checkpoints) and runs what is asked, in one call:
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels] [sampler]
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2nccl]
-#                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput]
+#                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput] [tpkernels1] [tpkernels2]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -25,7 +25,8 @@
 # tplatency70b = Llama-3-70B shapes at TP 4 with speculation on / off (weights drawn on each GPU, no checkpoint);
 # tpthroughput = nano-vllm's workload at TP 2 on a Qwen3-8B-shaped checkpoint, nano-vllm's own tp2 run first in
 # the same call (.device/peers, a copy of /work/shared/device/peers). NCCL's NVLink multicast stays off as the
-# machine sets it (NCCL_NVLS_ENABLE=0).
+# machine sets it (NCCL_NVLS_ENABLE=0). tpkernels1 / tpkernels2 = rank 0's batch-1 decode step of Qwen3-8B shapes at
+# TP 1 / 2 by kernel (bench/gpu_tp.py latency --kernels), to see what TP 2 adds beyond its all-reduces.
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -101,6 +102,7 @@ for part in "$@"; do
     oneshottest) TAIL=6 tp_run 150 one_shot_test python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_one_shot_all_reduce.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
+    tpkernels1|tpkernels2) tp=${part#tpkernels}; TAIL=60 tp_run 300 "tp_kernels_tp$tp" python3 bench/gpu_tp.py latency qwen3-8b --tp "$tp" --tokens 64 --kernels ;;
     tplatency2nccl|tplatency4nccl) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl tp_latency "${p%nccl}" ;;
     allreduce) TAIL=14 tp_run 240 allreduce python3 bench/gpu_allreduce.py ;;
     tplatency70b) tp_run 300 tp_latency70b python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation --rows "$OUT/tp_latency_rows.jsonl" ;;

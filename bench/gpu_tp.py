@@ -2,7 +2,7 @@
 
 Usage:
   python bench/gpu_tp.py smoke eager|graphs|compiled [--tp 2]
-  python bench/gpu_tp.py latency PRESET [--tp 1,2,4] [--tokens 128] [--speculation] [--rows ROWS.jsonl]
+  python bench/gpu_tp.py latency PRESET [--tp 1,2,4] [--tokens 128] [--speculation] [--rows ROWS.jsonl] [--kernels]
   python bench/gpu_tp.py throughput MODEL_DIR [--tp 2] [--num-seqs 128] [--peer-log NANO_TP_LOG]
 
 smoke: the cheapest run that says which phase of a TP run stops, on a small random Llama (weights drawn on each
@@ -89,7 +89,8 @@ def generate(engine: Engine, tokens: int, k: int = 0) -> tuple[list[int], float,
     return output, time.perf_counter() - start, len(engine.take_step_stats())
 
 
-def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: float, speculation: bool) -> dict:
+def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: float, speculation: bool,
+                kernels: bool = False) -> dict:
     config = EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16", block_size=256,
                           kv_cache_bytes=1 << 30, max_num_seqs=1, max_model_len=4096, num_speculative_tokens=K,
                           max_speculative_tokens=K, adaptive_drafting=False, enable_prefix_caching=False,
@@ -112,6 +113,13 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
             _, seconds, steps = generate(Engine(config, ReplayDrafts(continuation), runner), tokens, K)
             row["replayed_ms_per_token"], row["tokens_per_step"] = seconds * 1e3 / (tokens - 1), (tokens - 1) / steps
         print(json.dumps(row), flush=True)  # before close: the numbers stand whatever the teardown does
+        if kernels:  # rank 0's device time by kernel over one more plain run (this process sees its own GPU only)
+            from bench.kernel_table import print_table, profiled
+
+            (_, seconds, steps), wall, table = profiled(generate, plain, tokens)
+            title = (f"rank 0 of {name} at TP {tp}: {steps} decode steps after a prefill, "
+                     f"{seconds * 1e3 / steps:.3f} ms a step under the profiler")
+            print_table(title, wall, table, top=40)
     finally:
         runner.close()
         release_memory()
@@ -245,6 +253,8 @@ def main() -> None:
     parser.add_argument("--speculation", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=128)
     parser.add_argument("--peer-log", type=Path, default=None)
+    parser.add_argument("--kernels", action="store_true", help="latency: rank 0's decode steps by kernel (one more "
+                        "plain run under torch's profiler, bench/kernel_table.py)")
     parser.add_argument("--rows", type=Path, default=None,
                         help="latency: append each row to this JSON-lines file and print the table of all its rows "
                              "(one table from several runs of one call, e.g. one TP size per run)")
@@ -261,7 +271,8 @@ def main() -> None:
         sizes = [int(t) for t in (args.tp or "1,2,4").split(",") if int(t) <= torch.cuda.device_count()]
         bandwidth = copy_bandwidth()
         model_dir = write_config(args.model)
-        rows = [latency_row(args.model, model_dir, tp, args.tokens, bandwidth, args.speculation) for tp in sizes]
+        rows = [latency_row(args.model, model_dir, tp, args.tokens, bandwidth, args.speculation, args.kernels)
+                for tp in sizes]
         if args.rows is not None:
             with args.rows.open("a") as file:
                 file.writelines(json.dumps(row) + "\n" for row in rows)
