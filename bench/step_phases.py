@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 
 def phase(running: int, tokens: int, draft_batch: int) -> str:
@@ -20,23 +20,17 @@ def phase(running: int, tokens: int, draft_batch: int) -> str:
 
 def summarise(lines: list[dict], draft_batch: int) -> dict[str, dict[str, list[float]]]:
     """config -> phase -> [steps, wall s, stage s...], averaged over the config's runs."""
-    runs: dict[str, list[dict[str, list[float]]]] = defaultdict(list)
+    width = 2 + len(lines[0]["stages"])
+    totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0] * width))
+    runs: dict[str, int] = defaultdict(int)
     for line in lines:
-        stages = line["stages"]
-        sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * (2 + len(stages)))
+        runs[line["config"]] += 1
         for running, tokens, _drafts, *seconds in line["steps"]:
-            row = sums[phase(running, tokens, draft_batch)]
-            row[0] += 1
-            row[1] += sum(seconds)
-            for i, s in enumerate(seconds):
-                row[2 + i] += s
-        runs[line["config"]].append(sums)
-    means = {}
-    for config, config_runs in runs.items():
-        phases = {p for r in config_runs for p in r}
-        means[config] = {p: [sum(r[p][i] for r in config_runs if p in r) / len(config_runs)
-                             for i in range(len(next(r[p] for r in config_runs if p in r)))] for p in sorted(phases)}
-    return means
+            row = totals[line["config"]][phase(running, tokens, draft_batch)]
+            for i, value in enumerate([1, sum(seconds), *seconds]):
+                row[i] += value
+    return {config: {name: [value / runs[config] for value in row] for name, row in sorted(phases.items())}
+            for config, phases in totals.items()}
 
 
 def main() -> None:
@@ -48,12 +42,10 @@ def main() -> None:
     stages = lines[0]["stages"]
     print("| config | phase | runs | steps | wall s | " + " | ".join(f"{s} s" for s in stages) + " |")
     print("|---" * (5 + len(stages)) + "|")
-    counts = defaultdict(int)
-    for line in lines:
-        counts[line["config"]] += 1
+    runs = Counter(line["config"] for line in lines)
     for config, phases in summarise(lines, args.draft_batch).items():
         for name, row in phases.items():
-            print(f"| {config} | {name} | {counts[config]} | {row[0]:.0f} | {row[1]:.3f} | "
+            print(f"| {config} | {name} | {runs[config]} | {row[0]:.0f} | {row[1]:.3f} | "
                   + " | ".join(f"{s:.3f}" for s in row[2:]) + " |")
 
 

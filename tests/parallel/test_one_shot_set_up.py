@@ -43,20 +43,17 @@ def test_every_rank_gets_its_result_only_where_every_rank_succeeded(failing_rank
         assert results == {0: None, 1: None}
 
 
-def test_symmetric_memory_of_a_second_process_group_of_the_same_name_is_refused_not_left_to_hang():
-    """torch keeps a group name's symmetric memory bound to the first process group of that name: a process that
-    builds a sharded engine again (tests, benches) refuses the one shot (every rank then keeps NCCL) instead of
-    waiting forever in a rendezvous through the first group's store."""
-    import torch.distributed._symmetric_memory as symm_mem
-
+def bind_twice(_rank: int) -> None:
+    """In a process of its own: torch's binding outlives the process groups, and would hold this test's dead group
+    for every later test of the session (tests/gpu's one-shot cases among them)."""
     from verifier_service.parallel.one_shot_all_reduce import bound_to_another_group, enable_symmetric_memory
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         first = dist.group.WORLD
-        assert enable_symmetric_memory(symm_mem, first) == first.group_name
-        assert enable_symmetric_memory(symm_mem, first) == first.group_name  # again for the same group: fine
+        assert enable_symmetric_memory(first) == first.group_name
+        assert enable_symmetric_memory(first) == first.group_name  # again for the same group: fine
     finally:
         dist.destroy_process_group()
     os.environ["MASTER_PORT"] = str(free_port())
@@ -65,6 +62,13 @@ def test_symmetric_memory_of_a_second_process_group_of_the_same_name_is_refused_
         second = dist.group.WORLD
         assert second.group_name == first.group_name and bound_to_another_group(second)
         with pytest.raises(RuntimeError, match="earlier process group named"):
-            enable_symmetric_memory(symm_mem, second)
+            enable_symmetric_memory(second)
     finally:
         dist.destroy_process_group()
+
+
+def test_symmetric_memory_of_a_second_process_group_of_the_same_name_is_refused_not_left_to_hang():
+    """torch keeps a group name's symmetric memory bound to the first process group of that name: a process that
+    builds a sharded engine again (tests, benches) refuses the one shot (every rank then keeps NCCL) instead of
+    waiting forever in a rendezvous through the first group's store."""
+    mp.spawn(bind_twice, nprocs=1)  # a failed assertion in the child raises here

@@ -22,7 +22,9 @@ class RowParallelLinear(nn.Linear):
     partial sum x_r W_r^T and the norm sums it.
     """
 
-    reduce_output = True
+    def __init__(self, *args, reduce_output: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reduce_output = reduce_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features / N] -> [num_tokens, out_features], the same on every rank."""

@@ -43,10 +43,8 @@ class ParallelCausalLM(CausalLM):
 
 def _row_parallel(linear: nn.Linear, reduce_output: bool) -> RowParallelLinear:
     """A RowParallelLinear of linear's shape, dtype and device (the model is still on the meta device)."""
-    row_parallel = RowParallelLinear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                     device=linear.weight.device, dtype=linear.weight.dtype)
-    row_parallel.reduce_output = reduce_output
-    return row_parallel
+    return RowParallelLinear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                             device=linear.weight.device, dtype=linear.weight.dtype, reduce_output=reduce_output)
 
 
 def _reducing(norm: RMSNorm) -> ReducingRMSNorm:

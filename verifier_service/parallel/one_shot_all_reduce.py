@@ -61,7 +61,7 @@ class OneShotAllReduce:
         self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
         self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
-        group_name = enable_symmetric_memory(symm_mem, dist.group.WORLD)
+        group_name = enable_symmetric_memory(dist.group.WORLD)
         set_words = 2 * self.world * self.slot
         self.buffer = symm_mem.empty(2 * set_words, dtype=torch.int16, device=device).fill_(EMPTY.value)
         self.plain = (0, torch.zeros(-(-self.slot // CHUNK), dtype=torch.int32, device=device))
@@ -114,12 +114,14 @@ class OneShotAllReduce:
 _symmetric_groups: dict[str, weakref.ref] = {}
 
 
-def enable_symmetric_memory(symm_mem, group: dist.ProcessGroup) -> str:
+def enable_symmetric_memory(group: dist.ProcessGroup) -> str:
     """Enables symmetric memory for `group`; its name. torch (2.11) binds a group name's symmetric memory to the
     store of the first process group of that name, for the life of the process (binding it again raises). A later
     group of the same name, in a process that builds a sharded engine again (tests, benches; the verifier builds
     one), would rendezvous through the first group's store, which its peers never see, and wait forever: it is
     refused here instead (RuntimeError), so that every rank keeps NCCL."""
+    import torch.distributed._symmetric_memory as symm_mem
+
     name = group.group_name
     if bound_to_another_group(group):
         raise RuntimeError(f"this process bound symmetric memory to an earlier process group named {name!r}, "
