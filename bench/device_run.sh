@@ -3,6 +3,7 @@
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels] [sampler]
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2nccl]
 #                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput] [tpkernels1] [tpkernels2]
+#                            [tplatency1_before] [tplatency2_before]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -19,7 +20,8 @@
 # which oneshottest runs alone, ~1 min; the one-shot logits cases first, each in a process of its own, since torch
 # binds a process's symmetric memory to its first process group); tplatency1 / tplatency2 /
 # tplatency4 = batch-1 steps of Qwen3-8B shapes at TP 1 / 2 / 4 (~2-3 min each; tplatency = all three), rows
-# collected in one table across parts, with the default one-shot all-reduce over symmetric memory; tplatency2nccl /
+# collected in one table across parts, with the default one-shot all-reduce over symmetric memory; tplatency1_before /
+# tplatency2_before = the same for the code in .device/old (rows in their own table); tplatency2nccl /
 # tplatency4nccl = the same with NCCL's (SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl); allreduce = the one shot
 # all-reduce against NCCL's alone, 8 KB to 2 MB at 2 and 4 ranks in CUDA graphs (bench/gpu_allreduce.py, ~1 min);
 # tplatency70b = Llama-3-70B shapes at TP 4 with speculation on / off (weights drawn on each GPU, no checkpoint);
@@ -57,7 +59,12 @@ tp_run() {
   echo "$name: exit code $code after $((SECONDS - began)) s ($log)"
   tail -n "${TAIL:-25}" "$log"
 }
-tp_latency() { tp_run 270 "tp_latency_tp$1${SPECD_TENSOR_PARALLEL_ALL_REDUCE:+_$SPECD_TENSOR_PARALLEL_ALL_REDUCE}" python3 bench/gpu_tp.py latency qwen3-8b --tp "$1" --rows "$OUT/tp_latency_rows.jsonl"; }
+# tp_latency TP [TREE]: the batch-1 TP latency bench of this tree, or of TREE (.device/old: the code before a change)
+tp_latency() {
+  local tree=${2:-$PWD} name="tp_latency_tp$1${SPECD_TENSOR_PARALLEL_ALL_REDUCE:+_$SPECD_TENSOR_PARALLEL_ALL_REDUCE}${2:+_before}"
+  tp_run 270 "$name" env -C "$tree" PYTHONPATH="/tmp/site:$tree" python3 bench/gpu_tp.py latency qwen3-8b --tp "$1" \
+    --rows "$OUT/tp_latency_rows${2:+_before}.jsonl"
+}
 for part in "$@"; do
   case $part in
     tests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu tests/engine_model/test_flash_attention.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
@@ -96,6 +103,7 @@ for part in "$@"; do
     oneshottest) TAIL=6 tp_run 150 one_shot_test python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_one_shot_all_reduce.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
+    tplatency1_before|tplatency2_before) p=${part#tplatency}; tp_latency "${p%_before}" "$PWD/.device/old" ;;
     tpkernels1|tpkernels2) tp=${part#tpkernels}; TAIL=60 tp_run 300 "tp_kernels_tp$tp" python3 bench/gpu_tp.py latency qwen3-8b --tp "$tp" --tokens 64 --kernels ;;
     tplatency2nccl|tplatency4nccl) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl tp_latency "${p%nccl}" ;;
     allreduce) TAIL=14 tp_run 240 allreduce python3 bench/gpu_allreduce.py ;;

@@ -10,7 +10,7 @@ import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.draft_lookahead import drafts_after
-from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
+from verifier_service.engine.greedy_verdict import batch1_verdict, decode_verdict, greedy_verdict, row_argmax
 from verifier_service.engine.rejection_sampler import PendingVerification, verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
@@ -65,3 +65,27 @@ def test_the_decode_verdict_equals_the_greedy_verdict_at_width_1(bucket):
     counts = torch.tensor([1] * (bucket - 1) + [0])  # the last sequence is padding
     for got, expected in zip(decode_verdict(logits, ids, counts), greedy_verdict(logits, ids, counts)):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("vocab", [151936, 49152, 1000, 7])
+def test_row_argmax_equals_argmax_with_ties_infinities_and_nan(vocab):
+    """The two-stage argmax gives torch.argmax's index: the first of tied maxima (rows of a few distinct values
+    tie everywhere), rows of -inf alone, and the first NaN."""
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(0, 3, (6, vocab), generator=generator).float()
+    logits[1] = float("-inf")
+    logits[2, vocab // 2] = float("inf")
+    logits[3, vocab - 1] = float("nan")
+    logits[4, [vocab // 3, vocab - 2]] = float("nan")
+    logits[5] = torch.randn(vocab, generator=generator)
+    assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(row_argmax(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_the_batch1_verdict_is_the_verdict_of_its_width(width):
+    logits = torch.randn(width, VOCAB, generator=torch.Generator().manual_seed(width))
+    ids, counts = torch.randint(0, VOCAB, (1, width)), torch.tensor([width])
+    expected = (decode_verdict if width == 1 else greedy_verdict)(logits, ids, counts)
+    for got, want in zip(batch1_verdict(logits, ids, counts), expected):
+        assert torch.equal(got, want)

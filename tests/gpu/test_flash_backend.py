@@ -64,7 +64,7 @@ def test_flash_equals_reference_on_random_mixed_steps(seed, head_dim, heads, kv_
 @pytest.mark.parametrize("width", [1, 5])
 @pytest.mark.parametrize("batch", [1, 7, 32])
 def test_flash_equals_reference_on_uniform_verify_steps(width, batch):
-    """Every sequence feeds the same number of tokens: the with_kvcache path."""
+    """Every sequence feeds the same number of tokens: the uniform path (Triton, or FA2 with_kvcache)."""
     pytest.importorskip("flash_attn")
     layout = random_layout(batch * 10 + width, batch, query_lens=[width] * batch)
     (flash, reference), metadata = run_both(*layout, 16, 8, 128, torch.bfloat16, seed=width)

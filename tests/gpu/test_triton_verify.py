@@ -1,5 +1,5 @@
 """The Triton GQA-packed verify kernel equals the reference backend on random paged uniform-width steps (CUDA, bf16),
-and the flash backend routes exactly the verify steps (width > 1, uniform) to it."""
+and the flash backend routes the verify steps (width > 1, uniform) and decode steps of few sequences to it."""
 from __future__ import annotations
 
 import random
@@ -41,7 +41,7 @@ def relative_error(out: torch.Tensor, query, k_cache, v_cache, metadata) -> floa
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 3, 4])
-@pytest.mark.parametrize("width", [2, 5, 9])
+@pytest.mark.parametrize("width", [1, 2, 5, 9])
 @pytest.mark.parametrize("batch", [1, 6, 33])
 def test_triton_verify_equals_reference(head_dim, group, width, batch):
     """Every split count the backend may choose gives the reference's output."""
@@ -73,5 +73,22 @@ def test_flash_backend_routes_verify_steps_to_triton(width):
     out = backend.attend(query, k_cache, v_cache, metadata, 64 ** -0.5)
     assert relative_error(out, *step) < 1e-2
     assert backend._splits, "the verify step did not take the Triton kernel"
-    assert not triton_verify.supports(query[:5], k_cache, 1)
     assert not triton_verify.supports(query, k_cache, 300)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 200])
+def test_decode_steps_of_few_sequences_take_triton_and_full_batches_fa2(batch, monkeypatch):
+    """A decode step (width 1) whose (sequence, KV head) programs do not fill the GPU attends through the Triton
+    kernel, which splits each sequence's own context; one that fills it through FA2. Both match the reference."""
+    pytest.importorskip("flash_attn")
+    pytest.importorskip("triton")
+    from verifier_service.attention import flash
+
+    fa2_calls, fa2 = [], flash.flash_attn_with_kvcache
+    monkeypatch.setattr(flash, "flash_attn_with_kvcache",
+                        lambda *args, **kwargs: fa2_calls.append(1) or fa2(*args, **kwargs))
+    step = random_verify_step(batch, batch, 1, 3, 3, 64)
+    out = flash.FlashAttentionBackend().attend(step[0], step[1], step[2], step[3], 64 ** -0.5)
+    assert relative_error(out, *step) < 1e-2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert bool(fa2_calls) == (batch * 3 * 2 > sms), f"batch {batch}: FA2 called {len(fa2_calls)} times"

@@ -4,7 +4,12 @@ Three kernels, all reading K/V straight from the paged cache through `block_tabl
 - the Triton GQA-packed kernel (triton_verify.py) when every sequence feeds the same number > 1 of query
   tokens (all verifying k drafts: the CUDA-graph verify path): ~2.7x FA2 there, since it reads each key
   once per KV head instead of once per query head. Used when triton imports and the shapes fit it.
-- `flash_attn_with_kvcache` for the other uniform steps (all decoding one token, where FA2 is at the
+- the same kernel for decode steps (one token each) too small to fill the GPU: batch * kv_heads * 2 <= SMs. FA2
+  splits the KV of such a step over the block table's whole width (max_model_len, fixed when a CUDA graph is
+  captured), so that a batch-1 decode step of 576 keys spent 13.7 us a layer in its split and combine kernels
+  (Qwen3-8B, H100), 14.6 at TP = 2; the Triton kernel splits the context each sequence has (docs/BENCHMARKS.md,
+  round 13). Decode and verify steps of few sequences then also attend with the same kernel.
+- `flash_attn_with_kvcache` for the other uniform steps (decode batches that fill the GPU, where FA2 is at the
   KV-read floor): q is reshaped to [batch, query_len, heads, head_dim].
 - `flash_attn_varlen_func` otherwise (prompt chunks mixed with verify tokens), with cu_seqlens_q over
   the flattened queries and cu_seqlens_k over the sequences' context lengths.
@@ -80,8 +85,8 @@ class FlashAttentionBackend:
         """query [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
         if metadata.uniform_query_len:
             width = metadata.max_seqlen_q
-            if self._triton is not None and self._triton.supports(query, k_cache, width):
-                return self._verify(query, k_cache, v_cache, metadata, scale)
+            if self._takes_triton(query, k_cache, width, metadata.batch_size):
+                return self._grouped(query, k_cache, v_cache, metadata, scale)
             batched = query.view(metadata.batch_size, metadata.max_seqlen_q, *query.shape[1:])
             out = flash_attn_with_kvcache(
                 batched, k_cache, v_cache, cache_seqlens=metadata.context_lens,
@@ -93,12 +98,21 @@ class FlashAttentionBackend:
             max_seqlen_q=metadata.max_seqlen_q, max_seqlen_k=metadata.max_seqlen_k,
             softmax_scale=scale, causal=True, block_table=metadata.block_tables)
 
-    def _verify(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _takes_triton(self, query: torch.Tensor, k_cache: torch.Tensor, width: int, batch: int) -> bool:
+        """Whether a uniform step of `width` tokens per sequence goes to the Triton kernel (module docstring)."""
+        if self._triton is None or not self._triton.supports(query, k_cache, width):
+            return False
+        return width > 1 or self._num_splits(batch, k_cache.shape[2], query.device) > 1
+
+    def _num_splits(self, batch: int, kv_heads: int, device: torch.device) -> int:
+        if (batch, kv_heads) not in self._splits:
+            self._splits[batch, kv_heads] = self._triton.choose_splits(batch, kv_heads, device)
+        return self._splits[batch, kv_heads]
+
+    def _grouped(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [batch * width, heads, head_dim] -> same shape, through the Triton GQA-packed kernel."""
-        shape = (metadata.batch_size, k_cache.shape[2])
-        if shape not in self._splits:
-            self._splits[shape] = self._triton.choose_splits(*shape, query.device)
+        splits = self._num_splits(metadata.batch_size, k_cache.shape[2], query.device)
         return self._triton.verify_attention(
             query, k_cache, v_cache, metadata.block_tables, metadata.context_lens, scale,
-            metadata.max_seqlen_q, num_splits=self._splits[shape])
+            metadata.max_seqlen_q, num_splits=splits)

@@ -1,4 +1,5 @@
-"""Verify-step attention in Triton (issue #6), used by the flash backend for uniform-width steps of >1 token.
+"""Verify-step attention in Triton (issue #6), used by the flash backend for uniform-width steps of >1 token, and
+for decode steps of too few sequences to fill the GPU (flash.py says why).
 
 A verify step feeds every sequence the same k + 1 query tokens (the last sampled token and k drafts),
 which are the last k + 1 positions of its context. FA2 reads each key and value once per query head
@@ -130,11 +131,11 @@ def verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor, query_len: int, block_n: int = 64) -> bool:
     """Whether verify_attention handles this step: CUDA half precision, contiguous paged cache,
-    head_dim a power of two, block_size a multiple of block_n, and 2 to MAX_TILE_ROWS / group query tokens per
-    sequence (a verify step; a uniform prefill chunk would make the tile too large)."""
+    head_dim a power of two, block_size a multiple of block_n, and 1 to MAX_TILE_ROWS / group query tokens per
+    sequence (a decode or verify step; a uniform prefill chunk would make the tile too large)."""
     head_dim, block_size = k_cache.shape[-1], k_cache.shape[1]
     group = query.shape[1] // k_cache.shape[2]
-    return (1 < query_len and group * query_len <= MAX_TILE_ROWS
+    return (1 <= query_len and group * query_len <= MAX_TILE_ROWS
             and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
             and k_cache.dtype == query.dtype and k_cache.is_contiguous()
             and head_dim >= 16 and head_dim & (head_dim - 1) == 0 and block_size % block_n == 0)

@@ -29,7 +29,7 @@ import torch
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
-from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
+from verifier_service.engine.greedy_verdict import batch1_verdict, decode_verdict, greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
 
 
@@ -88,12 +88,19 @@ class GraphedSteps:
         self._inputs = torch.zeros(max_size, dtype=torch.int64, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, GraphStep]] = {}
         # A step's own ops are ~25 tiny kernels eagerly (positions, slots, the verdict); fused, a few. Decode steps
-        # (width 1) judge nothing: their verdict is a function of its own (greedy_verdict.decode_verdict).
-        self._positions, self._verdict, self._decode_verdict = step_positions, greedy_verdict, decode_verdict
+        # (width 1) judge nothing: their verdict is a function of its own (greedy_verdict.decode_verdict); so is
+        # that of one-sequence steps, compiled with static shapes (greedy_verdict.batch1_verdict).
+        self._plain_ops()
         if compile_step:
             self._positions, self._verdict, self._decode_verdict = (
                 torch.compile(op, dynamic=True, fullgraph=True) for op in (step_positions, greedy_verdict,
                                                                              decode_verdict))
+            self._batch1_verdict = torch.compile(batch1_verdict, dynamic=False, fullgraph=True)
+
+    def _plain_ops(self) -> None:
+        """The step's own ops as plain kernels (without compile, or where compiling them failed)."""
+        self._positions, self._verdict, self._decode_verdict = step_positions, greedy_verdict, decode_verdict
+        self._batch1_verdict = batch1_verdict
 
     def _sections(self, bucket: int, width: int, num_rows: int = 0) -> list[torch.Tensor]:
         """ids, starts, counts, advances, block tables, logit rows: views of the static input buffer."""
@@ -131,7 +138,7 @@ class GraphedSteps:
             if self._positions is step_positions:
                 raise
             logger.exception("compiling the graph step's own ops failed; they run as plain kernels")
-            self._positions, self._verdict, self._decode_verdict = step_positions, greedy_verdict, decode_verdict
+            self._plain_ops()
             self._forward(batch, width)
 
     def _forward(self, batch: int, width: int) -> GraphStep:
@@ -141,13 +148,13 @@ class GraphedSteps:
         with attention_context(self._metadata(batch, width, slots, context_lens, tables)):
             hidden = self.model(ids, positions)
         logits = self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
-        verdict = self._decode_verdict if width == 1 else self._verdict
+        verdict = self._batch1_verdict if batch == 1 else self._decode_verdict if width == 1 else self._verdict
         return GraphStep(logits, *verdict(logits, ids.view(batch, width), counts))
 
     def _metadata(self, batch: int, width: int, slots: torch.Tensor, context_lens: torch.Tensor,
                   tables: torch.Tensor) -> AttentionMetadata:
-        """Uniform width, so the flash backend takes its uniform path (FA2 with_kvcache for width 1, the
-        Triton GQA-packed verify kernel for wider steps)."""
+        """Uniform width, so the flash backend takes its uniform path (the Triton GQA-packed kernel for verify
+        steps and for decode steps of few sequences, FA2 with_kvcache for the other decode steps)."""
         cu_q = torch.arange(0, (batch + 1) * width, width, dtype=torch.int32, device=self.device)
         return AttentionMetadata(
             slot_mapping=slots, cu_seqlens_q=cu_q, cu_seqlens_k=cu_q, context_lens=context_lens,

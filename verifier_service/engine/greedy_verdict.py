@@ -7,6 +7,9 @@ row j, left to right until the first disagreement; the tokens emitted are the ar
 bonus token). This is the rejection sampler's greedy rule (rejection_sampler.py) for the padded
 [bucket, width] layout of a graph step, so that it runs inside the captured graph: a greedy step then
 launches no sampling kernels from the host, and its result has the rejection sampler's layout.
+
+The argmax runs in two stages (row_argmax): compiled as one reduction, a row of a 151,936-word vocabulary was one
+program's serial loop, 63-79 us of a batch-1 decode step on an H100 (docs/BENCHMARKS.md, round 13).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ def greedy_verdict(
     """(rows [bucket, width + 1]: emitted tokens then num_accepted, as PendingVerification holds them;
     continuation [bucket, 2]: the last token emitted and num_accepted)."""
     bucket, width = ids.shape
-    target = logits.argmax(dim=-1).view(bucket, width)  # [bucket, width]
+    target = row_argmax(logits).view(bucket, width)  # [bucket, width]
     columns = torch.arange(1, width, device=ids.device)
     agrees = (ids[:, 1:] == target[:, :-1]) & (columns < counts.unsqueeze(1))  # [bucket, width - 1]
     num_accepted = agrees.long().cumprod(dim=1).sum(dim=1, keepdim=True)  # [bucket, 1]
@@ -40,6 +43,35 @@ def decode_verdict(
     A function of its own, so that CUDA graphs compile it apart from greedy_verdict (docs/BENCHMARKS.md, round
     12): compiled as greedy_verdict, with dynamic shapes, the 256-row decode steps of a server that also captured
     verify widths spent 0.35 ms in the verdict's kernel against 0.045 ms where only width 1 was captured (H100)."""
-    target = logits.argmax(dim=-1, keepdim=True)  # [bucket, 1]
+    target = row_argmax(logits).unsqueeze(1)  # [bucket, 1]
     rows = torch.cat([target, torch.zeros_like(target)], dim=1)  # width 1: the continuation has the same layout
     return rows, rows
+
+
+def batch1_verdict(
+    logits: torch.Tensor,  # [width, vocab]: the one sequence's rows
+    ids: torch.Tensor,  # [1, width]
+    counts: torch.Tensor,  # [1]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode_verdict or greedy_verdict of a one-sequence step, a function of its own so that CUDA graphs compile it
+    with static shapes: compiled for dynamic shapes, the first stage of its argmax took ~30 us at one row (H100,
+    151,936 words; docs/BENCHMARKS.md, round 13), where 128 programs each read 2.4 KB."""
+    return (decode_verdict if ids.shape[1] == 1 else greedy_verdict)(logits, ids, counts)
+
+
+CHUNKS = 128  # programs per row in the first stage (fewer where the vocabulary is not a multiple)
+
+
+def row_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [rows, vocab] -> logits.argmax(dim=-1) [rows], the same index on ties (the first maximum) and NaN.
+
+    First each of up to CHUNKS slices of a row finds its maximum and the first index holding it, then the row takes
+    the first slice holding the largest of those: many programs per row instead of one."""
+    rows, vocab = logits.shape
+    chunks = CHUNKS
+    while vocab % chunks:
+        chunks //= 2
+    width = vocab // chunks
+    best, where = logits.view(rows, chunks, width).max(dim=-1)  # [rows, chunks]
+    chunk = best.argmax(dim=-1, keepdim=True)  # [rows, 1]
+    return (chunk * width + where.gather(1, chunk)).squeeze(1)
