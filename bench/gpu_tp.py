@@ -284,5 +284,24 @@ def main() -> None:
         print_throughput(rows, card, args.peer_log)
 
 
+def watch_exit(limit_s: float = 60.0) -> None:
+    """At exit: names the non-daemon threads and child processes still there, and writes every thread's stack and
+    ends the process if the exit takes over limit_s (round 13: the throughput part printed its table, then did not
+    exit in 160 s on four H100s; the latency part exited)."""
+    import atexit
+    import faulthandler
+    import multiprocessing
+    import threading
+
+    def report() -> None:
+        threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+        print(f"exiting: non-daemon threads {threads}, child processes {multiprocessing.active_children()}",
+              flush=True)
+        faulthandler.dump_traceback_later(limit_s, exit=True)
+
+    atexit.register(report)  # registered after main's own (torch's compile pools, ...), so it runs first
+
+
 if __name__ == "__main__":
     main()
+    watch_exit()
