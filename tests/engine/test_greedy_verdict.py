@@ -89,3 +89,11 @@ def test_the_batch1_verdict_is_the_verdict_of_its_width(width):
     expected = (decode_verdict if width == 1 else greedy_verdict)(logits, ids, counts)
     for got, want in zip(batch1_verdict(logits, ids, counts), expected):
         assert torch.equal(got, want)
+
+
+def test_row_argmax_takes_the_gathered_logits_slice_of_a_padded_vocabulary():
+    """Under tensor parallelism the logits are [rows, padded vocab][:, :vocab]: not contiguous."""
+    padded = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0))
+    logits = padded[:, :1000]
+    assert not logits.is_contiguous()
+    assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))

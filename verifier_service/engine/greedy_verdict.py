@@ -72,6 +72,6 @@ def row_argmax(logits: torch.Tensor) -> torch.Tensor:
     while vocab % chunks:
         chunks //= 2
     width = vocab // chunks
-    best, where = logits.view(rows, chunks, width).max(dim=-1)  # [rows, chunks]
+    best, where = logits.view(rows, chunks, width).max(dim=-1)  # [rows, chunks]: a view of a row slice too
     chunk = best.argmax(dim=-1, keepdim=True)  # [rows, 1]
     return (chunk * width + where.gather(1, chunk)).squeeze(1)
