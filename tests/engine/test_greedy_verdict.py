@@ -10,7 +10,7 @@ import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.draft_lookahead import drafts_after
-from verifier_service.engine.greedy_verdict import batch1_verdict, decode_verdict, greedy_verdict, row_argmax
+from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict, row_argmax
 from verifier_service.engine.rejection_sampler import PendingVerification, verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
@@ -80,15 +80,6 @@ def test_row_argmax_equals_argmax_with_ties_infinities_and_nan(vocab):
     logits[5] = torch.randn(vocab, generator=generator)
     assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))
     assert torch.equal(row_argmax(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
-
-
-@pytest.mark.parametrize("width", [1, 3])
-def test_the_batch1_verdict_is_the_verdict_of_its_width(width):
-    logits = torch.randn(width, VOCAB, generator=torch.Generator().manual_seed(width))
-    ids, counts = torch.randint(0, VOCAB, (1, width)), torch.tensor([width])
-    expected = (decode_verdict if width == 1 else greedy_verdict)(logits, ids, counts)
-    for got, want in zip(batch1_verdict(logits, ids, counts), expected):
-        assert torch.equal(got, want)
 
 
 def test_row_argmax_takes_the_gathered_logits_slice_of_a_padded_vocabulary():

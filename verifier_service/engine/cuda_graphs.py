@@ -29,7 +29,7 @@ import torch
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
-from verifier_service.engine.greedy_verdict import batch1_verdict, decode_verdict, greedy_verdict
+from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
 
 
@@ -88,19 +88,21 @@ class GraphedSteps:
         self._inputs = torch.zeros(max_size, dtype=torch.int64, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, GraphStep]] = {}
         # A step's own ops are ~25 tiny kernels eagerly (positions, slots, the verdict); fused, a few. Decode steps
-        # (width 1) judge nothing: their verdict is a function of its own (greedy_verdict.decode_verdict); so is
-        # that of one-sequence steps, compiled with static shapes (greedy_verdict.batch1_verdict).
+        # (width 1) judge nothing: their verdict is a function of its own (greedy_verdict.decode_verdict). Each
+        # verdict is compiled twice: for dynamic shapes (every bucket) and, apart, for static ones (one-sequence
+        # steps, where the dynamic form's argmax took ~30 us at one row: docs/BENCHMARKS.md, round 13).
         self._plain_ops()
         if compile_step:
-            self._positions, self._verdict, self._decode_verdict = (
-                torch.compile(op, dynamic=True, fullgraph=True) for op in (step_positions, greedy_verdict,
-                                                                             decode_verdict))
-            self._batch1_verdict = torch.compile(batch1_verdict, dynamic=False, fullgraph=True)
+            self._positions = torch.compile(step_positions, dynamic=True, fullgraph=True)
+            self._verdicts = {(verdict, one): torch.compile(verdict, dynamic=not one, fullgraph=True)
+                              for verdict, one in self._verdicts}
 
     def _plain_ops(self) -> None:
-        """The step's own ops as plain kernels (without compile, or where compiling them failed)."""
-        self._positions, self._verdict, self._decode_verdict = step_positions, greedy_verdict, decode_verdict
-        self._batch1_verdict = batch1_verdict
+        """The step's own ops as plain kernels (without compile, or where compiling them failed). _verdicts: (verdict,
+        one sequence?) -> its op."""
+        self._positions = step_positions
+        self._verdicts = {(verdict, one): verdict for verdict in (greedy_verdict, decode_verdict)
+                          for one in (False, True)}
 
     def _sections(self, bucket: int, width: int, num_rows: int = 0) -> list[torch.Tensor]:
         """ids, starts, counts, advances, block tables, logit rows: views of the static input buffer."""
@@ -148,7 +150,7 @@ class GraphedSteps:
         with attention_context(self._metadata(batch, width, slots, context_lens, tables)):
             hidden = self.model(ids, positions)
         logits = self.model.compute_logits(hidden)  # [batch * width, vocab] in the model dtype
-        verdict = self._batch1_verdict if batch == 1 else self._decode_verdict if width == 1 else self._verdict
+        verdict = self._verdicts[decode_verdict if width == 1 else greedy_verdict, batch == 1]
         return GraphStep(logits, *verdict(logits, ids.view(batch, width), counts))
 
     def _metadata(self, batch: int, width: int, slots: torch.Tensor, context_lens: torch.Tensor,

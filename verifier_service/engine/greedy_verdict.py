@@ -48,17 +48,6 @@ def decode_verdict(
     return rows, rows
 
 
-def batch1_verdict(
-    logits: torch.Tensor,  # [width, vocab]: the one sequence's rows
-    ids: torch.Tensor,  # [1, width]
-    counts: torch.Tensor,  # [1]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """decode_verdict or greedy_verdict of a one-sequence step, a function of its own so that CUDA graphs compile it
-    with static shapes: compiled for dynamic shapes, the first stage of its argmax took ~30 us at one row (H100,
-    151,936 words; docs/BENCHMARKS.md, round 13), where 128 programs each read 2.4 KB."""
-    return (decode_verdict if ids.shape[1] == 1 else greedy_verdict)(logits, ids, counts)
-
-
 CHUNKS = 128  # programs per row in the first stage (fewer where the vocabulary is not a multiple)
 
 
