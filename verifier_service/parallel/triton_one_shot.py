@@ -42,6 +42,9 @@ def one_shot_kernel(words, out, residual, weight, residual_out, numel, width, ep
             tl.store(peer_buffer + base + (parity * WORLD + RANK) * slot + offsets, mine, mask=mask)
     own_buffer = tl.load(buffers + RANK).to(tl.pointer_type(tl.int16))
     dtype = out.dtype.element_ty
+    if NORM:  # loaded while the peers' words travel, not after
+        before = tl.load(residual + offsets, mask=mask, other=0).to(tl.float32)
+        scale = tl.load(weight + cols, mask=mask, other=0).to(tl.float32)
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for sender in tl.static_range(WORLD):
         if sender == RANK:
@@ -55,11 +58,10 @@ def one_shot_kernel(words, out, residual, weight, residual_out, numel, width, ep
         total += got.to(dtype, bitcast=True).to(tl.float32)
     reduced = total.to(dtype)  # what an all-reduce returns
     if NORM:
-        stream = (tl.load(residual + offsets, mask=mask, other=0).to(tl.float32) + reduced.to(tl.float32)).to(dtype)
+        stream = (before + reduced.to(tl.float32)).to(dtype)
         tl.store(residual_out + offsets, stream, mask=mask)
         h = stream.to(tl.float32)
         normed = (h * tl.rsqrt(tl.sum(h * h) / width + eps)).to(dtype)
-        scale = tl.load(weight + cols, mask=mask, other=0).to(tl.float32)
         tl.store(out + offsets, (scale * normed.to(tl.float32)).to(dtype), mask=mask)
     else:
         tl.store(out + offsets, reduced, mask=mask)
