@@ -3,7 +3,7 @@
 #   bash bench/device_run.sh [tests] [latency] [latency8b] [throughput] [async] [enginestep] [enginestep8b] [eager] [profile] [trace] [latency1] [before] [enginestep_before] [nanovllm] [nanovllm_before] [kernels] [sampler]
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2nccl]
 #                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput] [tpkernels1] [tpkernels2]
-#                            [tplatency1_before] [tplatency2_before]
+#                            [tplatency1_before] [tplatency2_before] [allreduce_before] [tptimeline1] [tptimeline2]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -29,6 +29,8 @@
 # the same call (.device/peers, a copy of /work/shared/device/peers). NCCL's NVLink multicast stays off as the
 # machine sets it (NCCL_NVLS_ENABLE=0). tpkernels1 / tpkernels2 = rank 0's batch-1 decode step of Qwen3-8B shapes at
 # TP 1 / 2 by kernel (bench/gpu_tp.py latency --kernels), to see what TP 2 adds beyond its all-reduces.
+# allreduce_before = allreduce of the code in .device/old. tptimeline1 / tptimeline2 = every rank's host and device
+# timeline of batch-1 decode steps at TP 1 / 2 (chrome traces in $OUT/timeline/tpN, summed by bench/tp_timeline.py).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -48,7 +50,11 @@ tp_run() {
   local limit=$1 name=$2; shift 2
   local log="$OUT/$name.log" began=$SECONDS
   : >"$log"  # appended to by every writer below (the ranks, the time limit's note)
-  NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1 SPECD_TENSOR_PARALLEL_DUMP_S=${SPECD_TENSOR_PARALLEL_DUMP_S:-60} \
+  # FRESH_COMPILE=1: an empty Inductor cache for this command, as a verifier's first start on a new host has (no
+  # kernel choice of an earlier run to reuse)
+  local cache=TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
+  [ -n "${FRESH_COMPILE:-}" ] && cache=TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-"$name".XXXX)
+  env "$cache" NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1 SPECD_TENSOR_PARALLEL_DUMP_S=${SPECD_TENSOR_PARALLEL_DUMP_S:-60} \
     SPECD_TENSOR_PARALLEL_TIMEOUT_S=${SPECD_TENSOR_PARALLEL_TIMEOUT_S:-120} setsid "$@" >>"$log" 2>&1 &
   local pid=$!
   ( sleep "$limit"; echo "tp_run: $name still running after $limit s: every rank's stacks follow" >>"$log"
@@ -107,6 +113,12 @@ for part in "$@"; do
     tpkernels1|tpkernels2) tp=${part#tpkernels}; TAIL=60 tp_run 300 "tp_kernels_tp$tp" python3 bench/gpu_tp.py latency qwen3-8b --tp "$tp" --tokens 64 --kernels ;;
     tplatency2nccl|tplatency4nccl) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl tp_latency "${p%nccl}" ;;
     allreduce) TAIL=14 tp_run 240 allreduce python3 bench/gpu_allreduce.py ;;
+    allreduce_before) TAIL=14 tp_run 240 allreduce_before env -C .device/old PYTHONPATH="/tmp/site:$PWD/.device/old" \
+      python3 bench/gpu_allreduce.py ;;
+    tptimeline1|tptimeline2) tp=${part#tptimeline}
+      TAIL=8 tp_run 300 "tp_timeline_tp$tp" python3 bench/gpu_tp.py latency qwen3-8b --tp "$tp" --tokens 64 \
+        --timeline "$OUT/timeline" --rows "$OUT/tp_timeline_rows.jsonl"
+      python3 bench/tp_timeline.py "$OUT/timeline/tp$tp" | tee "$OUT/tp_timeline_tp$tp.md" ;;
     tplatency70b) tp_run 300 tp_latency70b python3 bench/gpu_tp.py latency llama3-70b --tp 4 --speculation --rows "$OUT/tp_latency_rows.jsonl" ;;
     tpthroughput) models qwen3-8b && bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-8b tp2 2>&1 | tee "$OUT/nano_tp2.log" | tail -3
       tp_run 420 tp_throughput python3 bench/gpu_tp.py throughput /tmp/models/qwen3-8b --tp 2 --num-seqs 128 --peer-log "$OUT/nano_tp2.log" ;;

@@ -49,6 +49,12 @@ from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
 from verifier_service.engine.warm_up import warm_up  # noqa: E402
 from verifier_service.parallel.collectives import all_reduce_in_use  # noqa: E402
+from bench.tp_timeline import TIMELINE_ENV  # noqa: E402
+
+if __name__ == "__mp_main__" and os.environ.get(TIMELINE_ENV):  # a rank spawned by a --timeline run
+    from bench.tp_timeline import install_in_worker
+
+    install_in_worker(Path(os.environ[TIMELINE_ENV]))
 
 PROMPT = list(range(1, 513))
 K = 4
@@ -90,7 +96,7 @@ def generate(engine: Engine, tokens: int, k: int = 0) -> tuple[list[int], float,
 
 
 def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: float, speculation: bool,
-                kernels: bool = False) -> dict:
+                kernels: bool = False, timeline: Path | None = None) -> dict:
     config = EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16", block_size=256,
                           kv_cache_bytes=1 << 30, max_num_seqs=1, max_model_len=4096, num_speculative_tokens=K,
                           max_speculative_tokens=K, adaptive_drafting=False, enable_prefix_caching=False,
@@ -120,6 +126,10 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
             title = (f"rank 0 of {name} at TP {tp}: {steps} decode steps after a prefill, "
                      f"{seconds * 1e3 / steps:.3f} ms a step under the profiler")
             print_table(title, wall, table, top=40)
+        if timeline is not None:  # every rank's host and device timeline over one more plain run (tp_timeline.py)
+            from bench.tp_timeline import record
+
+            record(timeline / f"tp{tp}", generate, plain, 32)
     finally:
         runner.close()
         release_memory()
@@ -255,6 +265,8 @@ def main() -> None:
     parser.add_argument("--peer-log", type=Path, default=None)
     parser.add_argument("--kernels", action="store_true", help="latency: rank 0's decode steps by kernel (one more "
                         "plain run under torch's profiler, bench/kernel_table.py)")
+    parser.add_argument("--timeline", type=Path, default=None, help="latency: every rank's host and device "
+                        "timeline over one more plain run, chrome traces in TIMELINE/tpN (bench/tp_timeline.py)")
     parser.add_argument("--rows", type=Path, default=None,
                         help="latency: append each row to this JSON-lines file and print the table of all its rows "
                              "(one table from several runs of one call, e.g. one TP size per run)")
@@ -271,8 +283,10 @@ def main() -> None:
         sizes = [int(t) for t in (args.tp or "1,2,4").split(",") if int(t) <= torch.cuda.device_count()]
         bandwidth = copy_bandwidth()
         model_dir = write_config(args.model)
-        rows = [latency_row(args.model, model_dir, tp, args.tokens, bandwidth, args.speculation, args.kernels)
-                for tp in sizes]
+        if args.timeline is not None:  # read by the ranks this process spawns
+            os.environ[TIMELINE_ENV] = str(args.timeline)
+        rows = [latency_row(args.model, model_dir, tp, args.tokens, bandwidth, args.speculation, args.kernels,
+                            args.timeline) for tp in sizes]
         if args.rows is not None:
             with args.rows.open("a") as file:
                 file.writelines(json.dumps(row) + "\n" for row in rows)
