@@ -4,6 +4,7 @@
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2nccl]
 #                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput] [tpkernels1] [tpkernels2]
 #                            [tplatency1_before] [tplatency2_before] [allreduce_before] [tptimeline1] [tptimeline2]
+#                            [tplatency1untuned] [tplatency2untuned]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -29,6 +30,8 @@
 # the same call (.device/peers, a copy of /work/shared/device/peers). NCCL's NVLink multicast stays off as the
 # machine sets it (NCCL_NVLS_ENABLE=0). tpkernels1 / tpkernels2 = rank 0's batch-1 decode step of Qwen3-8B shapes at
 # TP 1 / 2 by kernel (bench/gpu_tp.py latency --kernels), to see what TP 2 adds beyond its all-reduces.
+# tplatency1untuned / tplatency2untuned = tplatency1 / 2 compiled without run-time tuning (Inductor's heuristics
+# choose every kernel's configuration, the same on every rank; SPECD_BENCH_UNTUNED=1 does it for any gpu_tp.py part).
 # allreduce_before = allreduce of the code in .device/old. tptimeline1 / tptimeline2 = every rank's host and device
 # timeline of batch-1 decode steps at TP 1 / 2 (chrome traces in $OUT/timeline/tpN, summed by bench/tp_timeline.py).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
@@ -67,7 +70,7 @@ tp_run() {
 }
 # tp_latency TP [TREE]: the batch-1 TP latency bench of this tree, or of TREE (.device/old: the code before a change)
 tp_latency() {
-  local tree=${2:-$PWD} name="tp_latency_tp$1${SPECD_TENSOR_PARALLEL_ALL_REDUCE:+_$SPECD_TENSOR_PARALLEL_ALL_REDUCE}${2:+_before}"
+  local tree=${2:-$PWD} name="tp_latency_tp$1${SPECD_TENSOR_PARALLEL_ALL_REDUCE:+_$SPECD_TENSOR_PARALLEL_ALL_REDUCE}${SPECD_BENCH_UNTUNED:+_untuned}${2:+_before}"
   tp_run 270 "$name" env -C "$tree" PYTHONPATH="/tmp/site:$tree" python3 bench/gpu_tp.py latency qwen3-8b --tp "$1" \
     --rows "$OUT/tp_latency_rows${2:+_before}.jsonl"
 }
@@ -112,6 +115,7 @@ for part in "$@"; do
     tplatency1_before|tplatency2_before) p=${part#tplatency}; tp_latency "${p%_before}" "$PWD/.device/old" ;;
     tpkernels1|tpkernels2) tp=${part#tpkernels}; TAIL=60 tp_run 300 "tp_kernels_tp$tp" python3 bench/gpu_tp.py latency qwen3-8b --tp "$tp" --tokens 64 --kernels ;;
     tplatency2nccl|tplatency4nccl) p=${part#tplatency}; SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl tp_latency "${p%nccl}" ;;
+    tplatency1untuned|tplatency2untuned) p=${part#tplatency}; SPECD_BENCH_UNTUNED=1 tp_latency "${p%untuned}" ;;
     allreduce) TAIL=14 tp_run 240 allreduce python3 bench/gpu_allreduce.py ;;
     allreduce_before) TAIL=14 tp_run 240 allreduce_before env -C .device/old PYTHONPATH="/tmp/site:$PWD/.device/old" \
       python3 bench/gpu_allreduce.py ;;

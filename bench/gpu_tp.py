@@ -51,6 +51,25 @@ from verifier_service.engine.warm_up import warm_up  # noqa: E402
 from verifier_service.parallel.collectives import all_reduce_in_use  # noqa: E402
 from bench.tp_timeline import TIMELINE_ENV  # noqa: E402
 
+UNTUNED_ENV = "SPECD_BENCH_UNTUNED"  # set: every rank compiles without timing kernels (untuned_compile)
+
+
+def untuned_compile() -> None:
+    """torch.compile without its run-time tuning (max-autotune's candidates, coordinate descent): Inductor's
+    heuristics choose each kernel's launch configuration from its shapes, the same on every rank, where tuning
+    chooses by timing on each rank's own GPU and the ranks differ (docs/BENCHMARKS.md, round 14)."""
+    compile_ = torch.compile
+
+    def compile_untuned(fn, **kwargs):
+        kwargs.pop("mode", None)
+        options = {**(kwargs.pop("options", None) or {}), "max_autotune": False, "coordinate_descent_tuning": False}
+        return compile_(fn, options=options, **kwargs)
+
+    torch.compile = compile_untuned
+
+
+if os.environ.get(UNTUNED_ENV):  # this process and the ranks it spawns (which run this module again)
+    untuned_compile()
 if __name__ == "__mp_main__" and os.environ.get(TIMELINE_ENV):  # a rank spawned by a --timeline run
     from bench.tp_timeline import install_in_worker
 
@@ -107,7 +126,8 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         plain, drafted = Engine(config, None, runner), Engine(config, FixedDrafts(), runner)
         generate(plain, 16)  # warm-up: the eager shapes compile here
         generate(drafted, 16, K)
-        row = {"model": name, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up
+        untuned = " untuned" if os.environ.get(UNTUNED_ENV) else ""
+        row = {"model": name + untuned, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up
                "start_s": time.perf_counter() - started,
                "weights_GB": sum(p.numel() * p.element_size() for p in runner.model.parameters()) / 1e9}
         row["floor_ms"] = row["weights_GB"] * 1e9 / bandwidth * 1e3
