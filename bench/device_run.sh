@@ -55,9 +55,9 @@ tp_run() {
   : >"$log"  # appended to by every writer below (the ranks, the time limit's note)
   # FRESH_COMPILE=1: an empty Inductor cache for this command, as a verifier's first start on a new host has (no
   # kernel choice of an earlier run to reuse)
-  local cache=TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
-  [ -n "${FRESH_COMPILE:-}" ] && cache=TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-"$name".XXXX)
-  env "$cache" NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1 SPECD_TENSOR_PARALLEL_DUMP_S=${SPECD_TENSOR_PARALLEL_DUMP_S:-60} \
+  local fresh=()
+  [ -n "${FRESH_COMPILE:-}" ] && fresh=(TORCHINDUCTOR_CACHE_DIR="$(mktemp -d /tmp/inductor-"$name".XXXX)")
+  env "${fresh[@]}" NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONFAULTHANDLER=1 SPECD_TENSOR_PARALLEL_DUMP_S=${SPECD_TENSOR_PARALLEL_DUMP_S:-60} \
     SPECD_TENSOR_PARALLEL_TIMEOUT_S=${SPECD_TENSOR_PARALLEL_TIMEOUT_S:-120} setsid "$@" >>"$log" 2>&1 &
   local pid=$!
   ( sleep "$limit"; echo "tp_run: $name still running after $limit s: every rank's stacks follow" >>"$log"

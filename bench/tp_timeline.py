@@ -83,21 +83,29 @@ def load(path: Path) -> tuple[list[dict], float]:
     return [e for e in trace["traceEvents"] if e.get("ph") == "X"], base
 
 
+def graph_launches(events: list[dict]) -> list[dict]:
+    """The host's cudaGraphLaunch calls, in time order; a replay's kernels carry its correlation id."""
+    return sorted((e for e in events if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"),
+                  key=lambda e: e["ts"])
+
+
+def correlation(event: dict):
+    return event.get("args", {}).get("correlation")
+
+
 def steps(events: list[dict]) -> list[dict]:
-    """One entry per graph replay: host launch (start, end), its kernels' device span, and what ran on the device
-    and the host between it and the replay before."""
+    """One entry per graph replay: when the host launched it, its kernels' count and device span, its all-reduces,
+    and what ran on the device and the host between it and the replay before."""
     device = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                     key=lambda e: e["ts"])
-    launches = sorted((e for e in events if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"),
-                      key=lambda e: e["ts"])
     by_correlation: dict[int, list[dict]] = {}
     for e in device:
-        by_correlation.setdefault(e.get("args", {}).get("correlation"), []).append(e)
+        by_correlation.setdefault(correlation(e), []).append(e)
     channel = sorted((e for e in events if e.get("cat") == "cpu_op" and "broadcast" in e["name"]),
                      key=lambda e: e["ts"])
     rows, previous_end = [], None
-    for launch in launches:
-        kernels = by_correlation.get(launch.get("args", {}).get("correlation"), [])
+    for launch in graph_launches(events):
+        kernels = by_correlation.get(correlation(launch), [])
         if not kernels:
             continue
         start, end = kernels[0]["ts"], max(k["ts"] + k["dur"] for k in kernels)
@@ -106,7 +114,7 @@ def steps(events: list[dict]) -> list[dict]:
                "first_reduce_us": reduces[0] if reduces else 0.0,
                "reduce_us": statistics.median(reduces) if reduces else 0.0}
         if previous_end is not None:
-            between = [e for e in device if previous_end <= e["ts"] < start and e not in kernels]
+            between = [e for e in device if previous_end <= e["ts"] < start]  # this replay's kernels start at start
             row["between_us"] = sum(e["dur"] for e in between)
             row["between"] = sorted({e["name"][:40] for e in between})
             row["gap_us"] = start - previous_end  # device time between graphs, busy or idle
@@ -159,11 +167,10 @@ def summary(directory: Path) -> None:
 
 def graph_kernels(events: list[dict]) -> dict[str, list[dict]]:
     """The graph replays' kernels by name."""
-    launches = {e["args"]["correlation"] for e in events
-                if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"}
+    launches = {correlation(launch) for launch in graph_launches(events)}
     kernels: dict[str, list[dict]] = {}
     for e in events:
-        if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches:
+        if e.get("cat") == "kernel" and correlation(e) in launches:
             kernels.setdefault(e["name"], []).append(e)
     return kernels
 
@@ -177,7 +184,7 @@ def launch_configs(directory: Path) -> None:
     def config(kernel: dict) -> str:
         return f"grid {kernel['args'].get('grid')} block {kernel['args'].get('block')}"
 
-    replays = len({k["args"]["correlation"] for kernels in ranks[0].values() for k in kernels})
+    replays = len({correlation(k) for kernels in ranks[0].values() for k in kernels})
     differ, cost = 0, 0.0
     for name, kernels in ranks[0].items():
         configs = [sorted({config(k) for k in rank.get(name, [])}) for rank in ranks]
