@@ -13,7 +13,8 @@ Files: shard.py (who holds what), layers.py + model.py (the sharded modules), co
 all-reduce the compiled regions can hold, fused with the residual add + norm where it can be, the logits gather),
 one_shot_all_reduce.py + triton_one_shot.py (the low-latency all-reduce over symmetric memory for decode steps'
 small tensors, the default on CUDA), batch_codec.py + step_channel.py (one
-step's inputs to the other ranks), launch.py + worker.py (process start-up), runner.py (rank 0's
+step's inputs to the other ranks), launch.py + worker.py (process start-up), shared_tuning.py (every rank
+tunes torch.compile's kernels to the same choices), runner.py (rank 0's
 runner), supervisor.py (a rank that dies or hangs takes the verifier out), teardown.py (every rank drops its
 CUDA graphs, then all leave the process groups together), diagnostics.py (per-rank phase logs and stack dumps,
 so a stuck run says where each rank waits).

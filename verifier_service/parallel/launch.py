@@ -5,7 +5,8 @@ any process starts, spawns the other ranks (worker.py), and all of them join two
 TCPStore on loopback (all ranks live on one host):
 - the default group, for the forward's collectives and the step feedback: NCCL on CUDA, gloo on the CPU;
 - a gloo group for the step inputs rank 0 sends from its host (step_channel.py), with a timeout long
-  enough for an idle verifier (the other ranks wait in it between requests).
+  enough for an idle verifier (the other ranks wait in it between requests);
+- a gloo group in which the ranks agree on torch.compile's kernel timings (shared_tuning.py).
 A one-element all-reduce on each group checks both before anything heavy runs (a broken NCCL set-up fails
 or hangs there, not in the middle of the model). Then every rank builds its runner the same way
 (engine.build_model_runner with its shard: load, KV cache, compile, CUDA graph capture), in step, because
@@ -31,6 +32,7 @@ from verifier_service.parallel import one_shot_all_reduce
 from verifier_service.parallel.diagnostics import phase, register_stack_dump_signal
 from verifier_service.parallel.runner import ParallelRunner
 from verifier_service.parallel.shard import RankShard, plan_shard
+from verifier_service.parallel.shared_tuning import in_lockstep, share_tuning
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor, hang_timeout_s
 from verifier_service.parallel.teardown import leave_process_groups
@@ -38,6 +40,7 @@ from verifier_service.parallel.teardown import leave_process_groups
 logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = timedelta(days=365)  # ranks 1..N-1 wait for the next step this long (an idle verifier)
+TUNING_TIMEOUT = timedelta(minutes=10)  # a rank waits this long for the others' timing (NCCL's own default)
 
 
 def check_devices(device: torch.device, tensor_parallel_size: int) -> None:
@@ -100,7 +103,7 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
     rank = shard.rank
     with phase(rank, f"joining the process groups ({shard.world_size} ranks, {device.type})"):
         host_group = join_process_groups(rank, shard.world_size, store, device)
-    with phase(rank, "loading the shard, KV cache, compiled regions and CUDA graph capture"):
+    with phase(rank, "loading the shard, KV cache, compiled regions and CUDA graph capture"), in_lockstep():
         runner = build_model_runner(config, drafts, shard=shard)
     logger.info("rank %d: %d KV blocks, CUDA graphs %s", rank, runner.num_blocks,
                 "captured" if runner.graphs is not None else "off")
@@ -109,7 +112,7 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
 
 def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.device) -> dist.ProcessGroup:
     """Joins the default group (NCCL on CUDA, gloo on the CPU) and the gloo group for step inputs (returned),
-    each checked with a one-element all-reduce."""
+    each checked with a one-element all-reduce, and the group for kernel timings (shared_tuning.py)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # rank r drives GPU r; "cuda" means it from here on
@@ -118,6 +121,7 @@ def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.d
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     host_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    share_tuning(dist.new_group(backend="gloo", timeout=TUNING_TIMEOUT), device)
     _check_all_reduce(None, device, size)  # NCCL's first collective, outside any CUDA graph capture
     _check_all_reduce(host_group, torch.device("cpu"), size)
     return host_group

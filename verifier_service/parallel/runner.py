@@ -22,6 +22,7 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.parallel.batch_codec import encode_batch
 from verifier_service.parallel.diagnostics import FIRST_STEPS_LOGGED, describe_step
+from verifier_service.parallel.shared_tuning import in_lockstep
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
@@ -83,7 +84,8 @@ class ParallelRunner:
             logger.info("rank 0: step %d: %s", progress.steps, describe_step(batch, self.local))
         try:
             self.channel.publish(*encode_batch(batch))
-            result = run(batch)
+            with in_lockstep():  # the other ranks run this forward too (kernels they tune, they tune together)
+                result = run(batch)
         except Exception as error:
             self.supervisor.fail(f"rank 0's step failed: {type(error).__name__}: {error}")
             raise

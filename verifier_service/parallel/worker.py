@@ -25,6 +25,7 @@ from verifier_service.parallel.batch_codec import decode_batch
 from verifier_service.parallel.diagnostics import (FIRST_STEPS_LOGGED, describe_step, phase,
                                                    register_stack_dump_signal)
 from verifier_service.parallel.launch import join_and_build, plan_shards
+from verifier_service.parallel.shared_tuning import in_lockstep
 from verifier_service.parallel.step_channel import Step
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
 
@@ -55,7 +56,7 @@ def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> bo
     shard, device = plan_shards(config)[rank], resolve_device(config.device)
     runner, channel = join_and_build(config, drafts, shard, store, device)
     logger.info("rank %d of %d ready", rank, size)
-    with torch.inference_mode():
+    with torch.inference_mode(), in_lockstep():  # this rank runs only what rank 0 runs on every rank
         for index in itertools.count(1):
             if (step := channel.receive()) is None:
                 break

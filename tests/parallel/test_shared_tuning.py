@@ -1,0 +1,74 @@
+"""Two real processes over gloo agree on kernel timings as tensor-parallel ranks do at start-up
+(verifier_service/parallel/shared_tuning.py): in lockstep every rank gets the ranks' mean timing of a
+candidate, outside it each keeps its own, and ranks that time different candidates fail instead of pairing
+unrelated numbers. Inductor's autotuner needs a GPU, so `bench` here is a stand-in with its call shape."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from verifier_service.parallel.shared_tuning import agreeing, in_lockstep
+
+# (kernel, candidate config, this rank's timing in ms) per rank, in the order each rank tunes them
+TIMINGS = {0: [("triton_red_fused_mul_sum_0", "XBLOCK: 1, R0_BLOCK: 2048", 0.031),
+               ("triton_red_fused_mul_sum_0", "XBLOCK: 2, R0_BLOCK: 1024", 0.036)],
+           1: [("triton_red_fused_mul_sum_0", "XBLOCK: 1, R0_BLOCK: 2048", 0.035),
+               ("triton_red_fused_mul_sum_0", "XBLOCK: 2, R0_BLOCK: 1024", 0.029)]}
+
+
+def tune(group: dist.ProcessGroup, timings) -> list:
+    """What Inductor's bench gives this rank: each candidate of timings once outside lockstep, then once in it."""
+    bench = agreeing(lambda autotuner, launcher, *args: launcher.ms, group)
+    candidates = [(SimpleNamespace(inductor_meta={"kernel_name": kernel}),
+                   SimpleNamespace(config=config, ms=ms)) for kernel, config, ms in timings]
+    alone = [bench(autotuner, launcher, torch.zeros(1)) for autotuner, launcher in candidates]
+    with in_lockstep():
+        try:
+            together = [bench(autotuner, launcher, torch.zeros(1)) for autotuner, launcher in candidates]
+        except RuntimeError as error:
+            together = str(error)
+    return [alone, together]
+
+
+def rank_1(port: int, timings, results) -> None:
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=1, world_size=2)
+    results.put(tune(dist.new_group(backend="gloo"), timings))
+    dist.destroy_process_group()
+
+
+def run_both(timings_of_rank_1) -> tuple[list, list]:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    worker = spawn.Process(target=rank_1, args=(store.port, timings_of_rank_1, results))
+    worker.start()
+    try:
+        dist.init_process_group("gloo", store=store, rank=0, world_size=2)
+        mine = tune(dist.new_group(backend="gloo"), TIMINGS[0])
+        theirs = results.get(timeout=60)
+    finally:
+        dist.destroy_process_group()
+        worker.join(timeout=30)
+    assert worker.exitcode == 0
+    return mine, theirs
+
+
+def test_ranks_take_the_mean_timing_in_lockstep_and_their_own_outside():
+    (alone_0, together_0), (alone_1, together_1) = run_both(TIMINGS[1])
+    assert alone_0 == [0.031, 0.036] and alone_1 == [0.035, 0.029]  # each alone would pick another candidate
+    assert together_0 == together_1 == pytest.approx([0.033, 0.0325])  # both now pick the second
+
+
+def test_ranks_timing_different_candidates_fail_naming_theirs():
+    other_kernel = [("triton_per_fused_add_rms_norm_1", config, ms) for _, config, ms in TIMINGS[1]]
+    (_, error_0), (_, error_1) = run_both(other_kernel)
+    assert "tuned different kernels" in error_0 and "triton_red_fused_mul_sum_0" in error_0
+    assert "tuned different kernels" in error_1 and "triton_per_fused_add_rms_norm_1" in error_1
+

@@ -1,0 +1,90 @@
+"""Every rank of a tensor-parallel verifier picks the same tuned kernel configurations, and picks them well.
+
+torch.compile tunes some kernels the first time they run (model/compile.py: one-row GEMMs as reductions under
+coordinate descent, pointwise and reduction kernels with several candidate launch configurations): it times
+each candidate on this process's GPU and keeps the fastest. Each rank did this on its own GPU, and chose
+differently: 7 of a TP 2 decode step's 30 kernels differed on an H100 (docs/BENCHMARKS.md, round 14). Every
+all-reduce then waits for the rank that drew the slower choice, so a step paid the slower of every pair: up to
+0.15-0.28 ms a step.
+
+Here, while the ranks run in lockstep (start-up, and the steps every rank executes), every timing Inductor
+takes is the candidate timed in CUDA graphs (model/graph_timing.py: Inductor's own timing of a decode step's
+small kernels measures the host's launch path more than the kernel, and differed by ~40% between the ranks),
+then averaged over the ranks: one gloo all-gather per timing. Every rank then makes the same choices from the
+same numbers. The ranks run the same forwards in the same order, so their timings pair up; each timing carries
+a key (kernel name and candidate), and timings that do not match fail start-up (each rank names its own
+candidate) instead of choosing from unrelated numbers. Code that runs on rank 0 alone (the sampler) tunes on
+its own, outside lockstep, as a single-GPU verifier does.
+
+Inductor's on-disk cache of tuned choices is off on tensor-parallel ranks: a rank that found a choice there
+would skip timings its peers wait in (a kernel a TP 1 verifier compiled on GPU 0 is on disk for rank 0 alone;
+the other ranks' kernels differ by device index). The compiled code itself stays cached; the tuning runs at
+every start (timed in graphs, it is faster than Inductor's own: start-up 90 s against 108-119, 2x H200).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import zlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from verifier_service.model.graph_timing import timed_in_graphs
+
+logger = logging.getLogger(__name__)
+
+_lockstep_depth = 0  # > 0 while this rank runs what every rank runs, in the same order
+
+
+def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
+    """From now on, timings taken in_lockstep are agreed over group's ranks (a no-op off CUDA: nothing tunes)."""
+    if device.type != "cuda":
+        return
+    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    inductor_config.autotune_local_cache = False
+    if not hasattr(CachingAutotuner.bench, "agreed_over"):  # once per process
+        CachingAutotuner.bench = agreeing(CachingAutotuner.bench, group, timed_in_graphs)
+
+
+@contextlib.contextmanager
+def in_lockstep() -> Iterator[None]:
+    """While inside, this rank runs the same compiled code as every other rank, in the same order."""
+    global _lockstep_depth
+    _lockstep_depth += 1
+    try:
+        yield
+    finally:
+        _lockstep_depth -= 1
+
+
+def agreeing(bench, group: dist.ProcessGroup, timing=contextlib.nullcontext):
+    """bench (CachingAutotuner.bench: autotuner, launcher, kernel args -> ms), run inside timing() and returning
+    the mean of group's timings of the same candidate while in lockstep; this rank's own, as Inductor takes it,
+    otherwise."""
+    def agreed_bench(autotuner, launcher, *args, **kwargs) -> float:
+        if _lockstep_depth == 0:
+            return bench(autotuner, launcher, *args, **kwargs)
+        with timing():
+            ms = bench(autotuner, launcher, *args, **kwargs)
+        kernel = autotuner.inductor_meta.get("kernel_name") or autotuner.fn.__name__
+        return agree_on_timing(group, f"{kernel} {launcher.config}", ms)
+    agreed_bench.agreed_over = group
+    return agreed_bench
+
+
+def agree_on_timing(group: dist.ProcessGroup, candidate: str, ms: float) -> float:
+    """The mean of every rank's ms for candidate (each rank names its own); raises RuntimeError when the ranks
+    timed different candidates."""
+    key = float(zlib.crc32(candidate.encode()))  # exact in float64
+    gathered = [torch.empty(2, dtype=torch.float64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, torch.tensor([key, ms], dtype=torch.float64), group=group)
+    if any(timing[0].item() != key for timing in gathered):
+        raise RuntimeError(f"tensor parallelism: the ranks tuned different kernels at once; this rank timed "
+                           f"{candidate!r} (keys {[int(timing[0].item()) for timing in gathered]})")
+    agreed = sum(timing[1].item() for timing in gathered) / len(gathered)
+    logger.debug("%s: %.4f ms (ranks %s)", candidate, agreed, [timing[1].item() for timing in gathered])
+    return agreed
