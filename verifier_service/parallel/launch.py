@@ -1,14 +1,14 @@
 """Start-up of a tensor-parallel verifier: checks, one process per rank 1..N-1, the process groups.
 
 Rank 0 (the verifier process) checks that the model splits N ways and that N devices are there before
-any process starts, spawns the other ranks (worker.py), and all of them join two process groups over a
+any process starts, spawns the other ranks (worker.py), and all of them join three process groups over a
 TCPStore on loopback (all ranks live on one host):
 - the default group, for the forward's collectives and the step feedback: NCCL on CUDA, gloo on the CPU;
 - a gloo group for the step inputs rank 0 sends from its host (step_channel.py), with a timeout long
   enough for an idle verifier (the other ranks wait in it between requests);
 - a gloo group in which the ranks agree on torch.compile's kernel timings (shared_tuning.py).
-A one-element all-reduce on each group checks both before anything heavy runs (a broken NCCL set-up fails
-or hangs there, not in the middle of the model). Then every rank builds its runner the same way
+A one-element all-reduce on each of the first two checks them before anything heavy runs (a broken NCCL
+set-up fails or hangs there, not in the middle of the model). Then every rank builds its runner the same way
 (engine.build_model_runner with its shard: load, KV cache, compile, CUDA graph capture), in step, because
 those contain collectives. Each phase is logged on every rank (diagnostics.py).
 """
