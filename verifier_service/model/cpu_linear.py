@@ -44,9 +44,12 @@ def padded_rows(rows: int) -> int:
 
 
 def onednn_linear_enabled(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether prepack_linears applies: CPU, float32 / bfloat16, oneDNN built in, not switched off."""
+    """Whether prepack_linears applies: CPU, float32 / bfloat16, oneDNN built in, not switched off; bfloat16 only
+    where the CPU has oneDNN's bfloat16 instructions (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: without them oneDNN refuses
+    to reorder a bfloat16 weight, and nn.Linear stays)."""
     return (device.type == "cpu" and dtype in _DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
             and os.environ.get(ONEDNN_LINEAR_ENV, "1") != "0")
 
 
