@@ -34,7 +34,8 @@
 # choose every kernel's configuration, the same on every rank; SPECD_BENCH_UNTUNED=1 does it for any gpu_tp.py part).
 # allreduce_before = allreduce of the code in .device/old. tptimeline1 / tptimeline2 = every rank's host and device
 # timeline of batch-1 decode steps at TP 1 / 2 (chrome traces in $OUT/timeline/tpN, summed by bench/tp_timeline.py).
-# Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end.
+# Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end. bench/device_call.sh runs
+# lanes of parts side by side on different GPUs within a time limit and packs $OUT into one archive.
 set -u
 OUT=${OUT:-/tmp/out}
 # Installed once per machine, so that several parts may run side by side (on different GPUs) in one call.
