@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.shared_tuning import agreeing, in_lockstep
+from verifier_service.parallel.shared_tuning import agreeing, in_lockstep, share_tuning
 
 # (kernel, candidate config, this rank's timing in ms) per rank, in the order each rank tunes them
 TIMINGS = {0: [("triton_red_fused_mul_sum_0", "XBLOCK: 1, R0_BLOCK: 2048", 0.031),
@@ -21,9 +22,9 @@ TIMINGS = {0: [("triton_red_fused_mul_sum_0", "XBLOCK: 1, R0_BLOCK: 2048", 0.031
                ("triton_red_fused_mul_sum_0", "XBLOCK: 2, R0_BLOCK: 1024", 0.029)]}
 
 
-def tune(group: dist.ProcessGroup, timings) -> list:
+def tune(timings) -> list:
     """What Inductor's bench gives this rank: each candidate of timings once outside lockstep, then once in it."""
-    bench = agreeing(lambda autotuner, launcher, *args: launcher.ms, group)
+    bench = agreeing(lambda autotuner, launcher, *args: launcher.ms)
     candidates = [(SimpleNamespace(inductor_meta={"kernel_name": kernel}),
                    SimpleNamespace(config=config, ms=ms)) for kernel, config, ms in timings]
     alone = [bench(autotuner, launcher, torch.zeros(1)) for autotuner, launcher in candidates]
@@ -35,28 +36,37 @@ def tune(group: dist.ProcessGroup, timings) -> list:
     return [alone, together]
 
 
-def rank_1(port: int, timings, results) -> None:
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=1, world_size=2)
-    results.put(tune(dist.new_group(backend="gloo"), timings))
-    dist.destroy_process_group()
-
-
-def run_both(timings_of_rank_1) -> tuple[list, list]:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
-    spawn = multiprocessing.get_context("spawn")
-    results = spawn.Queue()
-    worker = spawn.Process(target=rank_1, args=(store.port, timings_of_rank_1, results))
-    worker.start()
+def start_up(rank: int, store: dist.Store, timings) -> list | None:
+    """One rank of one start-up: its process groups, its timing group shared, then tune(timings) unless None."""
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    share_tuning(dist.new_group(backend="gloo", timeout=timedelta(seconds=20)), torch.device("cpu"))
     try:
-        dist.init_process_group("gloo", store=store, rank=0, world_size=2)
-        mine = tune(dist.new_group(backend="gloo"), TIMINGS[0])
-        theirs = results.get(timeout=60)
+        return None if timings is None else tune(timings)
     finally:
         dist.destroy_process_group()
-        worker.join(timeout=30)
-    assert worker.exitcode == 0
+
+
+def rank_1(port: int, timings, results) -> None:
+    results.put(start_up(1, dist.TCPStore("127.0.0.1", port, 2, is_master=False), timings))
+
+
+def run_both(timings_of_rank_1, start_ups: int = 1) -> tuple[list, list]:
+    """Rank 0 here and rank 1 in a process of its own, start_ups times in turn (a new rank 1 each time, as a
+    verifier's process that starts tensor parallelism again); the last start-up tunes."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    spawn = multiprocessing.get_context("spawn")
+    for start in range(start_ups):
+        last = start == start_ups - 1
+        store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+        results = spawn.Queue()
+        worker = spawn.Process(target=rank_1, args=(store.port, timings_of_rank_1 if last else None, results))
+        worker.start()
+        try:
+            mine = start_up(0, store, TIMINGS[0] if last else None)
+            theirs = results.get(timeout=60)
+        finally:
+            worker.join(timeout=30)
+        assert worker.exitcode == 0
     return mine, theirs
 
 
@@ -72,3 +82,7 @@ def test_ranks_timing_different_candidates_fail_naming_theirs():
     assert "tuned different kernels" in error_0 and "triton_red_fused_mul_sum_0" in error_0
     assert "tuned different kernels" in error_1 and "triton_per_fused_add_rms_norm_1" in error_1
 
+
+def test_a_later_start_up_agrees_over_its_own_group():  # e.g. a bench or test process that starts TP engines in turn
+    (_, together_0), (_, together_1) = run_both(TIMINGS[1], start_ups=2)
+    assert together_0 == together_1 == pytest.approx([0.033, 0.0325])

@@ -20,6 +20,7 @@ Used by tensor-parallel ranks (parallel/shared_tuning.py); a single-GPU verifier
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 
@@ -40,13 +41,20 @@ def timed_in_graphs() -> Iterator[None]:
     torch.cuda.synchronize()
     patched = {name: _graph_timed(getattr(benchmarker, name)) for name in ("benchmark", "benchmark_gpu")}
     try:
-        with torch.cuda.stream(torch.cuda.Stream()):
+        with torch.cuda.stream(_side_stream(torch.cuda.current_device())):
             vars(benchmarker).update(patched)
             yield
     finally:
         for name in patched:
             vars(benchmarker).pop(name, None)
         torch.cuda.synchronize()
+
+
+@functools.cache
+def _side_stream(device: int) -> torch.cuda.Stream:
+    """The one stream every timing on device runs on: the caching allocator keeps a stream's freed blocks for that
+    stream alone, so one stream reuses one set of eviction buffers and clones for every candidate."""
+    return torch.cuda.Stream(device)
 
 
 def _graph_timed(timing: Callable[..., float]) -> Callable[..., float]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -35,44 +34,55 @@ from verifier_service.model.graph_timing import timed_in_graphs
 
 logger = logging.getLogger(__name__)
 
-_lockstep_depth = 0  # > 0 while this rank runs what every rank runs, in the same order
+_group: dist.ProcessGroup | None = None  # the latest start-up's timing group (a process may start several in turn)
+
+
+class _Lockstep:
+    """A depth counter as a context manager: rank 0 enters it around every step, so it costs no generator."""
+    depth = 0  # > 0 while this rank runs what every rank runs, in the same order
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+_lockstep = _Lockstep()
 
 
 def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
-    """From now on, timings taken in_lockstep are agreed over group's ranks (a no-op off CUDA: nothing tunes)."""
+    """From now on, timings taken in_lockstep are agreed over group's ranks (off CUDA nothing tunes, and
+    Inductor is left alone)."""
+    global _group
+    _group = group
     if device.type != "cuda":
         return
     from torch._inductor import config as inductor_config
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     inductor_config.autotune_local_cache = False
-    if not hasattr(CachingAutotuner.bench, "agreed_over"):  # once per process
-        CachingAutotuner.bench = agreeing(CachingAutotuner.bench, group, timed_in_graphs)
+    if not getattr(CachingAutotuner.bench, "agreeing", False):  # patched once per process
+        CachingAutotuner.bench = agreeing(CachingAutotuner.bench, timed_in_graphs)
 
 
-@contextlib.contextmanager
-def in_lockstep() -> Iterator[None]:
+def in_lockstep() -> _Lockstep:
     """While inside, this rank runs the same compiled code as every other rank, in the same order."""
-    global _lockstep_depth
-    _lockstep_depth += 1
-    try:
-        yield
-    finally:
-        _lockstep_depth -= 1
+    return _lockstep
 
 
-def agreeing(bench, group: dist.ProcessGroup, timing=contextlib.nullcontext):
+def agreeing(bench, timing=contextlib.nullcontext):
     """bench (CachingAutotuner.bench: autotuner, launcher, kernel args -> ms), run inside timing() and returning
-    the mean of group's timings of the same candidate while in lockstep; this rank's own, as Inductor takes it,
-    otherwise."""
+    the mean of the ranks' timings of the same candidate (over share_tuning's group) while in lockstep; this
+    rank's own, as Inductor takes it, otherwise."""
     def agreed_bench(autotuner, launcher, *args, **kwargs) -> float:
-        if _lockstep_depth == 0:
+        if _lockstep.depth == 0 or _group is None:
             return bench(autotuner, launcher, *args, **kwargs)
         with timing():
             ms = bench(autotuner, launcher, *args, **kwargs)
         kernel = autotuner.inductor_meta.get("kernel_name") or autotuner.fn.__name__
-        return agree_on_timing(group, f"{kernel} {launcher.config}", ms)
-    agreed_bench.agreed_over = group
+        return agree_on_timing(_group, f"{kernel} {launcher.config}", ms)
+    agreed_bench.agreeing = True
     return agreed_bench
 
 
