@@ -86,3 +86,24 @@ def test_ranks_timing_different_candidates_fail_naming_theirs():
 def test_a_later_start_up_agrees_over_its_own_group():  # e.g. a bench or test process that starts TP engines in turn
     (_, together_0), (_, together_1) = run_both(TIMINGS[1], start_ups=2)
     assert together_0 == together_1 == pytest.approx([0.033, 0.0325])
+
+
+def test_a_choice_on_disk_is_not_reused_in_lockstep(tmp_path):
+    """A kernel a TP 1 verifier tuned has its choice in Inductor's cache for rank 0 alone: in lockstep it reads as
+    none (so rank 0 tunes the kernel as its peers do), outside lockstep as it was saved."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    from verifier_service.parallel.shared_tuning import unread_in_lockstep
+
+    def candidates() -> list[SimpleNamespace]:  # fresh each read: Inductor marks the config it returns
+        return [SimpleNamespace(kwargs={"XBLOCK": x, "R0_BLOCK": 4096 // x}, num_warps=4, num_stages=1)
+                for x in (1, 2)]
+
+    meta = {"autotune_local_cache": True}  # as a kernel compiled with Inductor's defaults has it in its source
+    AutotuneCache.create(meta, str(tmp_path / "kernel.py"), "configs-hash").save(candidates()[1], 10_000_000)
+    cache = AutotuneCache.create(meta, str(tmp_path / "kernel.py"), "configs-hash")
+    read_best = unread_in_lockstep(AutotuneCache.read_best)
+    assert read_best(cache, meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}
+    with in_lockstep():
+        assert read_best(cache, meta, candidates()) is None
+    assert read_best(cache, meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}

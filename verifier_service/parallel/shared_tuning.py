@@ -16,10 +16,18 @@ a key (kernel name and candidate), and timings that do not match fail start-up (
 candidate) instead of choosing from unrelated numbers. Code that runs on rank 0 alone (the sampler) tunes on
 its own, outside lockstep, as a single-GPU verifier does.
 
-Inductor's on-disk cache of tuned choices is off on tensor-parallel ranks: a rank that found a choice there
-would skip timings its peers wait in (a kernel a TP 1 verifier compiled on GPU 0 is on disk for rank 0 alone;
-the other ranks' kernels differ by device index). The compiled code itself stays cached; the tuning runs at
-every start (timed in graphs, it is faster than Inductor's own: start-up 90 s against 108-119, 2x H200).
+Every rank must therefore tune exactly the kernels its peers tune. A rank that found a choice already made would
+skip timings its peers wait in, and the ranks would hang (the peers in the gather, that rank in its first
+all-reduce). Two places hold such choices, and in lockstep neither is used:
+- Inductor's on-disk cache of tuned choices (`.best_config` files). A kernel a TP 1 verifier compiled on GPU 0
+  has one there for rank 0 alone (the other ranks' kernels differ by device index), and switching the cache off
+  does not reach it: that switch is baked into each kernel's source, which Inductor's FX graph cache returns as
+  it was compiled (the switch is not part of the graph's cache key). So in lockstep reading a choice from it
+  gives nothing. The compiled code itself stays cached; the tuning runs at every start (timed in graphs, it is
+  faster than Inductor's own: start-up 90 s against 108-119, 2x H200).
+- this process's compiled kernels, tuned already when rank 0's process compiled them earlier (a TP 1 runner
+  before the TP one, as the GPU tests and bench/gpu_tp.py do; the greedy verdict's kernel is the same at every
+  TP size): share_tuning resets torch.compile's in-process state, so every rank starts as a new process does.
 """
 from __future__ import annotations
 
@@ -58,12 +66,15 @@ def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
     _group = group
     if device.type != "cuda":
         return
-    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from torch._inductor.utils import clear_caches
 
-    inductor_config.autotune_local_cache = False
+    torch.compiler.reset()  # Dynamo's compiled code ...
+    clear_caches()  # ... and Inductor's in-memory modules and kernels (tuned ones among them)
     if not getattr(CachingAutotuner.bench, "agreeing", False):  # patched once per process
         CachingAutotuner.bench = agreeing(CachingAutotuner.bench, timed_in_graphs)
+        AutotuneCache.read_best = unread_in_lockstep(AutotuneCache.read_best)
 
 
 def in_lockstep() -> _Lockstep:
@@ -84,6 +95,14 @@ def agreeing(bench, timing=contextlib.nullcontext):
         return agree_on_timing(_group, f"{kernel} {launcher.config}", ms)
     agreed_bench.agreeing = True
     return agreed_bench
+
+
+def unread_in_lockstep(read_best):
+    """read_best (AutotuneCache.read_best: a kernel's tuned choice from Inductor's cache, or None) giving None while
+    in lockstep, so that every rank tunes the kernel; as it was otherwise."""
+    def read_best_outside_lockstep(cache, *args, **kwargs):
+        return None if _lockstep.depth else read_best(cache, *args, **kwargs)
+    return read_best_outside_lockstep
 
 
 def agree_on_timing(group: dist.ProcessGroup, candidate: str, ms: float) -> float:
