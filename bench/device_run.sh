@@ -4,7 +4,7 @@
 #                            [tpsmoke] [tptests] [tplatency] [tplatency1] [tplatency2] [tplatency4] [tplatency2nccl]
 #                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput] [tpkernels1] [tpkernels2]
 #                            [tplatency1_before] [tplatency2_before] [allreduce_before] [tptimeline1] [tptimeline2]
-#                            [tplatency1untuned] [tplatency2untuned]
+#                            [tplatency1untuned] [tplatency2untuned] [graphtimingtest] [tpdefaultmodel]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -32,7 +32,9 @@
 # TP 1 / 2 by kernel (bench/gpu_tp.py latency --kernels), to see what TP 2 adds beyond its all-reduces.
 # tplatency1untuned / tplatency2untuned = tplatency1 / 2 compiled without run-time tuning (Inductor's heuristics
 # choose every kernel's configuration, the same on every rank; SPECD_BENCH_UNTUNED=1 does it for any gpu_tp.py part).
-# allreduce_before = allreduce of the code in .device/old. tptimeline1 / tptimeline2 = every rank's host and device
+# allreduce_before = allreduce of the code in .device/old. graphtimingtest = tests/gpu/test_graph_timing.py alone.
+# tpdefaultmodel = the default model's GPU tests, TP 1 and 2 (its GGUF comes in two pieces over two calls: /tmp/gguf.part1,
+# copied there from .device/ by the first call, and .device-part2/gguf.part2 carried by the second). tptimeline1 / tptimeline2 = every rank's host and device
 # timeline of batch-1 decode steps at TP 1 / 2 (chrome traces in $OUT/timeline/tpN, summed by bench/tp_timeline.py).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end. bench/device_call.sh runs
 # lanes of parts side by side on different GPUs within a time limit and packs $OUT into one archive.
@@ -110,6 +112,11 @@ for part in "$@"; do
       done
       TAIL=40 tp_run 420 tp_tests python3 -m pytest -q -p no:cacheprovider -s -o log_cli=true --log-cli-level=INFO \
         tests/gpu/test_tensor_parallel.py tests/gpu/test_one_shot_all_reduce.py --deselect "$logits[2-one-shot]" --deselect "$logits[4-one-shot]" ;;
+    tpdefaultmodel) mkdir -p /tmp/gguf && cat /tmp/gguf.part1 .device-part2/gguf.part2 >/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+      TAIL=12 SPECD_DEFAULT_GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf SPECD_HOME=/tmp/specd-home tp_run 420 \
+        tp_default_model python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_default_model.py \
+        tests/gpu/test_tensor_parallel.py::test_default_model_greedy_with_speculation_equals_without_on_two_ranks ;;
+    graphtimingtest) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_graph_timing.py 2>&1 | tee "$OUT/graph_timing_test.log" | tail -3 ;;
     oneshottest) TAIL=6 tp_run 150 one_shot_test python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_one_shot_all_reduce.py ;;
     tplatency) for tp in 1 2 4; do tp_latency $tp; done ;;
     tplatency1|tplatency2|tplatency4) tp_latency "${part#tplatency}" ;;
