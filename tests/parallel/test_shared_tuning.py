@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.shared_tuning import agreeing, in_lockstep, share_tuning
+from verifier_service.parallel.shared_tuning import agreeing, checkpoint, in_lockstep, share_tuning
 
+CHECKPOINT = "checkpoint"
 # (kernel, candidate config, this rank's timing in ms) per rank, in the order each rank tunes them
 TIMINGS = {0: [("triton_red_fused_mul_sum_0", "XBLOCK: 1, R0_BLOCK: 2048", 0.031),
                ("triton_red_fused_mul_sum_0", "XBLOCK: 2, R0_BLOCK: 1024", 0.036)],
@@ -23,14 +24,20 @@ TIMINGS = {0: [("triton_red_fused_mul_sum_0", "XBLOCK: 1, R0_BLOCK: 2048", 0.031
 
 
 def tune(timings) -> list:
-    """What Inductor's bench gives this rank: each candidate of timings once outside lockstep, then once in it."""
+    """What Inductor's bench gives this rank: each candidate of timings once outside lockstep, then once in it (a
+    CHECKPOINT entry: the engine's checkpoint before a graph capture instead, giving None)."""
     bench = agreeing(lambda autotuner, launcher, *args: launcher.ms)
-    candidates = [(SimpleNamespace(inductor_meta={"kernel_name": kernel}),
-                   SimpleNamespace(config=config, ms=ms)) for kernel, config, ms in timings]
-    alone = [bench(autotuner, launcher, torch.zeros(1)) for autotuner, launcher in candidates]
+
+    def run(kernel: str, config: str, ms: float | None) -> float | None:
+        if kernel == CHECKPOINT:
+            return checkpoint(config)
+        return bench(SimpleNamespace(inductor_meta={"kernel_name": kernel}), SimpleNamespace(config=config, ms=ms),
+                     torch.zeros(1))
+
+    alone = [run(*timing) for timing in timings]
     with in_lockstep():
         try:
-            together = [bench(autotuner, launcher, torch.zeros(1)) for autotuner, launcher in candidates]
+            together = [run(*timing) for timing in timings]
         except RuntimeError as error:
             together = str(error)
     return [alone, together]
@@ -50,7 +57,7 @@ def rank_1(port: int, timings, results) -> None:
     results.put(start_up(1, dist.TCPStore("127.0.0.1", port, 2, is_master=False), timings))
 
 
-def run_both(timings_of_rank_1, start_ups: int = 1) -> tuple[list, list]:
+def run_both(timings_of_rank_1, start_ups: int = 1, timings_of_rank_0=TIMINGS[0]) -> tuple[list, list]:
     """Rank 0 here and rank 1 in a process of its own, start_ups times in turn (a new rank 1 each time, as a
     verifier's process that starts tensor parallelism again); the last start-up tunes."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -62,7 +69,7 @@ def run_both(timings_of_rank_1, start_ups: int = 1) -> tuple[list, list]:
         worker = spawn.Process(target=rank_1, args=(store.port, timings_of_rank_1 if last else None, results))
         worker.start()
         try:
-            mine = start_up(0, store, TIMINGS[0] if last else None)
+            mine = start_up(0, store, timings_of_rank_0 if last else None)
             theirs = results.get(timeout=60)
         finally:
             worker.join(timeout=30)
@@ -79,8 +86,24 @@ def test_ranks_take_the_mean_timing_in_lockstep_and_their_own_outside():
 def test_ranks_timing_different_candidates_fail_naming_theirs():
     other_kernel = [("triton_per_fused_add_rms_norm_1", config, ms) for _, config, ms in TIMINGS[1]]
     (_, error_0), (_, error_1) = run_both(other_kernel)
-    assert "tuned different kernels" in error_0 and "triton_red_fused_mul_sum_0" in error_0
-    assert "tuned different kernels" in error_1 and "triton_per_fused_add_rms_norm_1" in error_1
+    assert "out of step" in error_0 and "triton_red_fused_mul_sum_0" in error_0
+    assert "out of step" in error_1 and "triton_per_fused_add_rms_norm_1" in error_1
+
+
+def test_a_rank_that_skipped_a_tuning_fails_at_the_next_checkpoint_with_its_peers():
+    """Rank 1 found its second candidate's choice made already and went on to capture a graph, while rank 0 times
+    that candidate: both fail there, naming where each was, instead of waiting for each other."""
+    skipped = [TIMINGS[1][0], (CHECKPOINT, "capture of the 1 x 1 graph", None)]
+    (alone_0, error_0), (alone_1, error_1) = run_both(skipped)
+    assert alone_1 == [0.035, None]  # outside lockstep a checkpoint is nothing
+    assert "out of step" in error_0 and "XBLOCK: 2, R0_BLOCK: 1024" in error_0
+    assert "out of step" in error_1 and "checkpoint: capture of the 1 x 1 graph" in error_1
+
+
+def test_ranks_pass_a_checkpoint_they_all_reach():
+    capture = (CHECKPOINT, "capture of the 1 x 1 graph", None)
+    (_, together_0), (_, together_1) = run_both(TIMINGS[1] + [capture], timings_of_rank_0=TIMINGS[0] + [capture])
+    assert together_0 == together_1 == pytest.approx([0.033, 0.0325, None])
 
 
 def test_a_later_start_up_agrees_over_its_own_group():  # e.g. a bench or test process that starts TP engines in turn

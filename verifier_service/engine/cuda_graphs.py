@@ -31,6 +31,7 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
 from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
+from verifier_service.parallel.shared_tuning import checkpoint
 
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class GraphedSteps:
                 with torch.cuda.stream(stream):  # warm-up run off the capture, as PyTorch advises
                     self._warm_up(batch, width)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
+                checkpoint(f"capture of the {batch} x {width} graph")  # tensor parallelism: every rank tuned alike
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     outputs = self._forward(batch, width)

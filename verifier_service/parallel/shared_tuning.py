@@ -28,6 +28,9 @@ all-reduce). Two places hold such choices, and in lockstep neither is used:
 - this process's compiled kernels, tuned already when rank 0's process compiled them earlier (a TP 1 runner
   before the TP one, as the GPU tests and bench/gpu_tp.py do; the greedy verdict's kernel is the same at every
   TP size): share_tuning resets torch.compile's in-process state, so every rank starts as a new process does.
+Should anything else make a rank skip a tuning (a compile that fails on one rank, which cuda_graphs.py then runs
+as plain kernels), the checkpoint before each CUDA graph capture fails start-up on every rank, naming where each
+was, instead of leaving them waiting for each other.
 """
 from __future__ import annotations
 
@@ -105,14 +108,22 @@ def unread_in_lockstep(read_best):
     return read_best_outside_lockstep
 
 
+def checkpoint(where: str) -> None:
+    """In lockstep: raises RuntimeError on every rank unless all reached `where` with no timing pending. A rank
+    that skipped a tuning its peers are in (the two places above, or a compile that failed on it alone) would
+    otherwise wait at its next all-reduce for peers that wait for it. Call before what blocks on the device."""
+    if _lockstep.depth and _group is not None:
+        agree_on_timing(_group, f"checkpoint: {where}", 0.0)
+
+
 def agree_on_timing(group: dist.ProcessGroup, candidate: str, ms: float) -> float:
     """The mean of every rank's ms for candidate (each rank names its own); raises RuntimeError when the ranks
-    timed different candidates."""
+    are at different candidates (or checkpoints)."""
     key = float(zlib.crc32(candidate.encode()))  # exact in float64
     gathered = [torch.empty(2, dtype=torch.float64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, torch.tensor([key, ms], dtype=torch.float64), group=group)
     if any(timing[0].item() != key for timing in gathered):
-        raise RuntimeError(f"tensor parallelism: the ranks tuned different kernels at once; this rank timed "
+        raise RuntimeError(f"tensor parallelism: the ranks' kernel tuning went out of step; this rank was at "
                            f"{candidate!r} (keys {[int(timing[0].item()) for timing in gathered]})")
     agreed = sum(timing[1].item() for timing in gathered) / len(gathered)
     logger.debug("%s: %.4f ms (ranks %s)", candidate, agreed, [timing[1].item() for timing in gathered])
