@@ -1,7 +1,9 @@
 """Two real processes over gloo agree on kernel timings as tensor-parallel ranks do at start-up
 (verifier_service/parallel/shared_tuning.py): in lockstep every rank gets the ranks' mean timing of a
-candidate, outside it each keeps its own, and ranks that time different candidates fail instead of pairing
-unrelated numbers. Inductor's autotuner needs a GPU, so `bench` here is a stand-in with its call shape."""
+candidate, outside it each keeps its own, ranks that time different candidates fail instead of pairing
+unrelated numbers, and a rank that skipped a timing fails with its peers at the next checkpoint; a choice in
+Inductor's on-disk cache is not reused in lockstep. Inductor's autotuner needs a GPU, so `bench` here is a
+stand-in with its call shape."""
 from __future__ import annotations
 
 import multiprocessing
