@@ -48,3 +48,26 @@ def test_checkpoint_without_lm_head_ties_it_to_the_embeddings(mistral_dir):
     rewrite(mistral_dir, lambda t: t.pop("lm_head.weight"))
     model = load_model(mistral_dir, "cpu", torch.float32)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_random_weights_make_the_next_token_follow_from_the_current_one(tmp_path):
+    """bench/gpu_tp.py --speculation replays a plain greedy run's tokens as drafts of random-weight models (70B
+    shapes have no checkpoint here). Its random weights let the current token lead the residual stream, so the
+    greedy choice is the same after any context (and a kernel's rounding cannot move it): the drafts are accepted
+    as a real model's would be."""
+    from verifier_service.engine.batch import ScheduledBatch
+    from verifier_service.engine.model_runner import ModelRunner
+    from engine_model.checkpoints import prefill_request
+
+    save_tiny_checkpoint("qwen3-qk_norm-untied", tmp_path, num_hidden_layers=8)  # only its config.json is read
+    runner = ModelRunner(tmp_path, dtype="float32", block_size=4, kv_cache_bytes=1 << 20, random_weights=True)
+    generator = torch.Generator().manual_seed(0)
+    choices = {}
+    for last in (5, 17, 99):
+        for context in range(4):
+            prompt = torch.randint(0, 128, (12,), generator=generator).tolist() + [last]
+            logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, list(range(4)))]))[-1]
+            top2 = logits.topk(2).values
+            choices.setdefault(last, set()).add(int(logits.argmax()))
+            assert top2[0] - top2[1] > 0.01 * logits.std()  # a margin no rounding crosses
+    assert all(len(next_tokens) == 1 for next_tokens in choices.values()), choices
