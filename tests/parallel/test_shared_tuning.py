@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.shared_tuning import agreeing, checkpoint, in_lockstep, share_tuning
+from verifier_service.parallel.shared_tuning import (agreeing, checkpoint, in_lockstep, share_tuning,
+                                                      tune_through_lockstep)
 
 CHECKPOINT = "checkpoint"
 # (kernel, candidate config, this rank's timing in ms) per rank, in the order each rank tunes them
@@ -118,8 +119,7 @@ def test_a_choice_on_disk_is_not_reused_in_lockstep(tmp_path):
     none (so rank 0 tunes the kernel as its peers do), outside lockstep as it was saved."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    from verifier_service.parallel.shared_tuning import unread_in_lockstep
-
+    tune_through_lockstep()  # as share_tuning does on a CUDA rank (nothing off CUDA tunes through it)
     def candidates() -> list[SimpleNamespace]:  # fresh each read: Inductor marks the config it returns
         return [SimpleNamespace(kwargs={"XBLOCK": x, "R0_BLOCK": 4096 // x}, num_warps=4, num_stages=1)
                 for x in (1, 2)]
@@ -127,8 +127,7 @@ def test_a_choice_on_disk_is_not_reused_in_lockstep(tmp_path):
     meta = {"autotune_local_cache": True}  # as a kernel compiled with Inductor's defaults has it in its source
     AutotuneCache.create(meta, str(tmp_path / "kernel.py"), "configs-hash").save(candidates()[1], 10_000_000)
     cache = AutotuneCache.create(meta, str(tmp_path / "kernel.py"), "configs-hash")
-    read_best = unread_in_lockstep(AutotuneCache.read_best)
-    assert read_best(cache, meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}
+    assert cache.read_best(meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}
     with in_lockstep():
-        assert read_best(cache, meta, candidates()) is None
-    assert read_best(cache, meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}
+        assert cache.read_best(meta, candidates()) is None
+    assert cache.read_best(meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}

@@ -69,15 +69,27 @@ def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
     _group = group
     if device.type != "cuda":
         return
-    from torch._inductor.runtime.autotune_cache import AutotuneCache
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from torch._inductor.utils import clear_caches
 
     torch.compiler.reset()  # Dynamo's compiled code ...
     clear_caches()  # ... and Inductor's in-memory modules and kernels (tuned ones among them)
-    if not getattr(CachingAutotuner.bench, "agreeing", False):  # patched once per process
+    tune_through_lockstep()
+
+
+def tune_through_lockstep() -> None:
+    """Patches Inductor once per process: while in lockstep, CachingAutotuner.bench times in graphs and agrees
+    (agreeing) and AutotuneCache.read_best reads nothing (unread_in_lockstep); as before outside it."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    if not getattr(CachingAutotuner.bench, "agreeing", False):
         CachingAutotuner.bench = agreeing(CachingAutotuner.bench, timed_in_graphs)
         AutotuneCache.read_best = unread_in_lockstep(AutotuneCache.read_best)
+
+
+def _peers() -> dist.ProcessGroup | None:
+    """The group to agree over: share_tuning's, while in lockstep; None otherwise."""
+    return _group if _lockstep.depth else None
 
 
 def in_lockstep() -> _Lockstep:
@@ -90,12 +102,12 @@ def agreeing(bench, timing=contextlib.nullcontext):
     the mean of the ranks' timings of the same candidate (over share_tuning's group) while in lockstep; this
     rank's own, as Inductor takes it, otherwise."""
     def agreed_bench(autotuner, launcher, *args, **kwargs) -> float:
-        if _lockstep.depth == 0 or _group is None:
+        if (group := _peers()) is None:
             return bench(autotuner, launcher, *args, **kwargs)
         with timing():
             ms = bench(autotuner, launcher, *args, **kwargs)
         kernel = autotuner.inductor_meta.get("kernel_name") or autotuner.fn.__name__
-        return agree_on_timing(_group, f"{kernel} {launcher.config}", ms)
+        return agree_on_timing(group, f"{kernel} {launcher.config}", ms)
     agreed_bench.agreeing = True
     return agreed_bench
 
@@ -112,8 +124,8 @@ def checkpoint(where: str) -> None:
     """In lockstep: raises RuntimeError on every rank unless all reached `where` with no timing pending. A rank
     that skipped a tuning its peers are in (the two places above, or a compile that failed on it alone) would
     otherwise wait at its next all-reduce for peers that wait for it. Call before what blocks on the device."""
-    if _lockstep.depth and _group is not None:
-        agree_on_timing(_group, f"checkpoint: {where}", 0.0)
+    if (group := _peers()) is not None:
+        agree_on_timing(group, f"checkpoint: {where}", 0.0)
 
 
 def agree_on_timing(group: dist.ProcessGroup, candidate: str, ms: float) -> float:
