@@ -131,3 +131,14 @@ def test_a_choice_on_disk_is_not_reused_in_lockstep(tmp_path):
     with in_lockstep():
         assert cache.read_best(meta, candidates()) is None
     assert cache.read_best(meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}
+
+
+def test_kernels_compile_where_the_patches_apply():
+    """Inductor's compile workers would read a tuned choice from disk in their own processes, out of the patched
+    read_best's reach, and only once their pool is up: a rank whose pool was up skipped what its peers tuned."""
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+
+    with torch._inductor.config.patch(compile_threads=4):  # as Inductor decides it on a many-core host
+        assert get_compile_threads() == 4
+        tune_through_lockstep()
+        assert get_compile_threads() == 1 and not AsyncCompile.use_process_pool()

@@ -24,7 +24,10 @@ all-reduce). Two places hold such choices, and in lockstep neither is used:
   does not reach it: that switch is baked into each kernel's source, which Inductor's FX graph cache returns as
   it was compiled (the switch is not part of the graph's cache key). So in lockstep reading a choice from it
   gives nothing. The compiled code itself stays cached; the tuning runs at every start (timed in graphs, it is
-  faster than Inductor's own: start-up 90 s against 108-119, 2x H200).
+  faster than Inductor's own: start-up 90 s against 108-119, 2x H200). Inductor compiles kernels in a pool of
+  worker processes once that pool is up, and a worker reads the cache in its own process, where this rule does
+  not reach: rank 0 of a GPU test, whose pool was up from its TP 1 runner, took the choice a worker read while
+  rank 1, its pool still starting, tuned (round 17). So in lockstep every rank compiles in its own process.
 - this process's compiled kernels, tuned already when rank 0's process compiled them earlier (a TP 1 runner
   before the TP one, as the GPU tests and bench/gpu_tp.py do; the greedy verdict's kernel is the same at every
   TP size): share_tuning resets torch.compile's in-process state, so every rank starts as a new process does.
@@ -78,10 +81,13 @@ def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
 
 def tune_through_lockstep() -> None:
     """Patches Inductor once per process: while in lockstep, CachingAutotuner.bench times in graphs and agrees
-    (agreeing) and AutotuneCache.read_best reads nothing (unread_in_lockstep); as before outside it."""
+    (agreeing) and AutotuneCache.read_best reads nothing (unread_in_lockstep); as before outside it. Kernels
+    compile in this process, where those patches apply, never in Inductor's compile workers."""
+    from torch._inductor import config
     from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
+    config.compile_threads = 1
     if not getattr(CachingAutotuner.bench, "agreeing", False):
         CachingAutotuner.bench = agreeing(CachingAutotuner.bench, timed_in_graphs)
         AutotuneCache.read_best = unread_in_lockstep(AutotuneCache.read_best)
