@@ -44,6 +44,12 @@ def test_uneven_kv_heads_split_by_whole_groups():
     assert (second.kv_heads, second.q_heads) == ((2, 3), (6, 9))
 
 
+def test_shapes_tell_whether_the_ranks_compile_the_same_kernels():
+    """Shared tuning pairs the ranks' timings only where their shards have one shape (shared_tuning.py)."""
+    assert len({s.shape for s in shards(LLAMA_70B, 4)}) == 1
+    assert [s.shape for s in shards(SMOLLM2_135M, 2)] == [(6, 2, 768, 24576), (3, 1, 768, 24576)]
+
+
 def test_fewer_kv_heads_than_ranks_are_replicated():
     ranks = shards(LLAMA_70B, 16)  # 8 KV heads, 2 ranks each; 8 query heads per KV head, 4 per rank
     assert [s.kv_heads for s in ranks[:4]] == [(0, 1), (0, 1), (1, 2), (1, 2)]

@@ -46,33 +46,35 @@ def tune(timings) -> list:
     return [alone, together]
 
 
-def start_up(rank: int, store: dist.Store, timings) -> list | None:
+def start_up(rank: int, store: dist.Store, timings, alike: bool = True) -> list | None:
     """One rank of one start-up: its process groups, its timing group shared, then tune(timings) unless None."""
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    share_tuning(dist.new_group(backend="gloo", timeout=timedelta(seconds=20)), torch.device("cpu"))
+    share_tuning(dist.new_group(backend="gloo", timeout=timedelta(seconds=20)), torch.device("cpu"), alike)
     try:
         return None if timings is None else tune(timings)
     finally:
         dist.destroy_process_group()
 
 
-def rank_1(port: int, timings, results) -> None:
-    results.put(start_up(1, dist.TCPStore("127.0.0.1", port, 2, is_master=False), timings))
+def rank_1(port: int, timings, results, alike: bool) -> None:
+    results.put(start_up(1, dist.TCPStore("127.0.0.1", port, 2, is_master=False), timings, alike))
 
 
-def run_both(timings_of_rank_1, start_ups: int = 1, timings_of_rank_0=TIMINGS[0]) -> tuple[list, list]:
+def run_both(timings_of_rank_1, start_ups: int = 1, timings_of_rank_0=TIMINGS[0],
+             alike: bool = True) -> tuple[list, list]:
     """Rank 0 here and rank 1 in a process of its own, start_ups times in turn (a new rank 1 each time, as a
-    verifier's process that starts tensor parallelism again); the last start-up tunes."""
+    verifier's process that starts tensor parallelism again); the last start-up tunes. alike: as share_tuning
+    takes it."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     spawn = multiprocessing.get_context("spawn")
     for start in range(start_ups):
         last = start == start_ups - 1
         store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
         results = spawn.Queue()
-        worker = spawn.Process(target=rank_1, args=(store.port, timings_of_rank_1 if last else None, results))
+        worker = spawn.Process(target=rank_1, args=(store.port, timings_of_rank_1 if last else None, results, alike))
         worker.start()
         try:
-            mine = start_up(0, store, timings_of_rank_0 if last else None)
+            mine = start_up(0, store, timings_of_rank_0 if last else None, alike)
             theirs = results.get(timeout=60)
         finally:
             worker.join(timeout=30)
@@ -101,6 +103,20 @@ def test_a_rank_that_skipped_a_tuning_fails_at_the_next_checkpoint_with_its_peer
     assert alone_1 == [0.035, None]  # outside lockstep a checkpoint is nothing
     assert "out of step" in error_0 and "XBLOCK: 2, R0_BLOCK: 1024" in error_0
     assert "out of step" in error_1 and "checkpoint: capture of the 1 x 1 graph" in error_1
+
+
+def test_ranks_with_shards_of_different_shapes_tune_alone_and_share_checkpoints():
+    """Heads that do not split evenly (the default model's 3 KV heads over 2 ranks) give the ranks different
+    kernels, with different candidates: paired, rank 1 would move on to its next all-reduce while rank 0 waits in
+    a timing (a hang on the GPU). Each keeps its own timings; the checkpoint still pairs them."""
+    capture = (CHECKPOINT, "capture of the 1 x 1 graph", None)
+    other_kernel = [("triton_per_fused_add_rms_norm_1", config, ms) for _, config, ms in TIMINGS[1][:1]]
+    (_, alone_0), (_, alone_1) = run_both(other_kernel + [capture], timings_of_rank_0=TIMINGS[0] + [capture],
+                                          alike=False)
+    assert alone_0 == [0.031, 0.036, None] and alone_1 == [0.035, None]
+    skipped = [(CHECKPOINT, "capture of the 2 x 1 graph", None)]
+    (_, error_0), (_, error_1) = run_both(skipped, timings_of_rank_0=[capture], alike=False)
+    assert "out of step" in error_0 and "out of step" in error_1
 
 
 def test_ranks_pass_a_checkpoint_they_all_reach():
@@ -133,12 +149,14 @@ def test_a_choice_on_disk_is_not_reused_in_lockstep(tmp_path):
     assert cache.read_best(meta, candidates()).kwargs == {"XBLOCK": 2, "R0_BLOCK": 2048}
 
 
-def test_kernels_compile_where_the_patches_apply():
+def test_ranks_compile_where_the_patches_apply_and_time_nothing_while_compiling():
     """Inductor's compile workers would read a tuned choice from disk in their own processes, out of the patched
-    read_best's reach, and only once their pool is up: a rank whose pool was up skipped what its peers tuned."""
+    read_best's reach, and only once their pool is up: a rank whose pool was up skipped what its peers tuned.
+    Padding a GEMM is chosen by timing it while compiling: ranks chose differently, and compiled other kernels."""
     from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 
-    with torch._inductor.config.patch(compile_threads=4):  # as Inductor decides it on a many-core host
+    with torch._inductor.config.patch(compile_threads=4, shape_padding=True):  # as on a many-core host
         assert get_compile_threads() == 4
         tune_through_lockstep()
         assert get_compile_threads() == 1 and not AsyncCompile.use_process_pool()
+        assert not torch._inductor.config.shape_padding

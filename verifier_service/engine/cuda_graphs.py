@@ -115,6 +115,8 @@ class GraphedSteps:
     @torch.inference_mode()
     def capture(self) -> None:
         """Captures every (bucket, width), largest first so smaller graphs reuse its memory pool."""
+        logger.info("capturing CUDA graphs: batches %s, widths %s (above 1 up to batch %d)", self.buckets,
+                    self.widths, self.max_verify_bucket)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         for width in reversed(self.widths):
@@ -141,7 +143,8 @@ class GraphedSteps:
         except Exception:  # noqa: BLE001 - an optimisation must not stop the verifier from starting
             if self._positions is step_positions:
                 raise
-            logger.exception("compiling the graph step's own ops failed; they run as plain kernels")
+            logger.exception("compiling the %d x %d graph step's own ops failed; they run as plain kernels", batch,
+                             width)
             self._plain_ops()
             self._forward(batch, width)
 

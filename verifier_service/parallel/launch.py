@@ -102,7 +102,8 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
 
     rank = shard.rank
     with phase(rank, f"joining the process groups ({shard.world_size} ranks, {device.type})"):
-        host_group = join_process_groups(rank, shard.world_size, store, device)
+        alike = len({each.shape for each in plan_shards(config)}) == 1
+        host_group = join_process_groups(rank, shard.world_size, store, device, alike)
     with phase(rank, "loading the shard, KV cache, compiled regions and CUDA graph capture"), in_lockstep():
         runner = build_model_runner(config, drafts, shard=shard)
     logger.info("rank %d: %d KV blocks, CUDA graphs %s", rank, runner.num_blocks,
@@ -110,9 +111,11 @@ def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: 
     return runner, StepChannel(host_group, runner.device)
 
 
-def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.device) -> dist.ProcessGroup:
+def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.device,
+                        alike: bool = True) -> dist.ProcessGroup:
     """Joins the default group (NCCL on CUDA, gloo on the CPU) and the gloo group for step inputs (returned),
-    each checked with a one-element all-reduce, and the group for kernel timings (shared_tuning.py)."""
+    each checked with a one-element all-reduce, and the group for kernel timings (shared_tuning.py; alike: whether
+    the ranks' shards have the same shapes)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # rank r drives GPU r; "cuda" means it from here on
@@ -121,7 +124,7 @@ def join_process_groups(rank: int, size: int, store: dist.Store, device: torch.d
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     host_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    share_tuning(dist.new_group(backend="gloo", timeout=TUNING_TIMEOUT), device)
+    share_tuning(dist.new_group(backend="gloo", timeout=TUNING_TIMEOUT), device, alike)
     _check_all_reduce(None, device, size)  # NCCL's first collective, outside any CUDA graph capture
     _check_all_reduce(host_group, torch.device("cpu"), size)
     return host_group

@@ -53,6 +53,11 @@ class RankShard:
     def vocab_per_rank(self) -> int:
         return self.vocab[1] - self.vocab[0]
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(query heads, KV heads, intermediate rows, vocabulary rows): what sizes this rank's kernels."""
+        return _length(self.q_heads), _length(self.kv_heads), _length(self.intermediate), self.vocab_per_rank
+
     def local_config(self, config: ModelConfig) -> ModelConfig:
         """The model this rank builds: fewer heads, a slice of the MLP and of the vocabulary."""
         return dataclasses.replace(

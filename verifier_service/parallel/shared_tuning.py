@@ -31,6 +31,9 @@ all-reduce). Two places hold such choices, and in lockstep neither is used:
 - this process's compiled kernels, tuned already when rank 0's process compiled them earlier (a TP 1 runner
   before the TP one, as the GPU tests and bench/gpu_tp.py do; the greedy verdict's kernel is the same at every
   TP size): share_tuning resets torch.compile's in-process state, so every rank starts as a new process does.
+A choice Inductor times while it compiles is a rank's own too, and gives the ranks different kernels: at Llama-3-70B
+shapes over 4 ranks, one rank padded a 5-row GEMM to 8 rows (pad_mm) and the others did not (round 17). That
+choice is off on every rank.
 Should anything else make a rank skip a tuning (a compile that fails on one rank, which cuda_graphs.py then runs
 as plain kernels), the checkpoint before each CUDA graph capture fails start-up on every rank, naming where each
 was, instead of leaving them waiting for each other.
@@ -49,6 +52,7 @@ from verifier_service.model.graph_timing import timed_in_graphs
 logger = logging.getLogger(__name__)
 
 _group: dist.ProcessGroup | None = None  # the latest start-up's timing group (a process may start several in turn)
+_alike = True  # whether its ranks' shards have the same shapes, so that their timings pair up
 
 
 class _Lockstep:
@@ -65,11 +69,13 @@ class _Lockstep:
 _lockstep = _Lockstep()
 
 
-def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
+def share_tuning(group: dist.ProcessGroup, device: torch.device, alike: bool = True) -> None:
     """From now on, timings taken in_lockstep are agreed over group's ranks (off CUDA nothing tunes, and
-    Inductor is left alone)."""
-    global _group
-    _group = group
+    Inductor is left alone). alike: whether every rank's shard has the same shapes. Ranks whose shards differ
+    (heads that do not split evenly) compile different kernels, with different candidates, so no timing pairs
+    up: each tunes its own, and only the checkpoints are shared."""
+    global _group, _alike
+    _group, _alike = group, alike
     if device.type != "cuda":
         return
     from torch._inductor.utils import clear_caches
@@ -82,12 +88,14 @@ def share_tuning(group: dist.ProcessGroup, device: torch.device) -> None:
 def tune_through_lockstep() -> None:
     """Patches Inductor once per process: while in lockstep, CachingAutotuner.bench times in graphs and agrees
     (agreeing) and AutotuneCache.read_best reads nothing (unread_in_lockstep); as before outside it. Kernels
-    compile in this process, where those patches apply, never in Inductor's compile workers."""
+    compile in this process, where those patches apply, never in Inductor's compile workers, and without the
+    choice Inductor times while it compiles (padding a GEMM's rows)."""
     from torch._inductor import config
     from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     config.compile_threads = 1
+    config.shape_padding = False  # pad_mm times a padded GEMM against the plain one while compiling
     if not getattr(CachingAutotuner.bench, "agreeing", False):
         CachingAutotuner.bench = agreeing(CachingAutotuner.bench, timed_in_graphs)
         AutotuneCache.read_best = unread_in_lockstep(AutotuneCache.read_best)
@@ -108,7 +116,7 @@ def agreeing(bench, timing=contextlib.nullcontext):
     the mean of the ranks' timings of the same candidate (over share_tuning's group) while in lockstep; this
     rank's own, as Inductor takes it, otherwise."""
     def agreed_bench(autotuner, launcher, *args, **kwargs) -> float:
-        if (group := _peers()) is None:
+        if (group := _peers()) is None or not _alike:
             return bench(autotuner, launcher, *args, **kwargs)
         with timing():
             ms = bench(autotuner, launcher, *args, **kwargs)
