@@ -18,8 +18,10 @@ no 140 GB checkpoint. Per TP, through the engine at batch 1 (prompt 512, async s
 ms per decode step, ms per verify step (k = 4 drafts every step, always rejected: the cost of a verify step), the
 weight-read floor of one GPU (its shard's bytes / measured copy bandwidth, as bench/gpu_latency.py counts it) and
 the decode step relative to TP = 1. --speculation adds ms per token with drafts replayed from the plain run (all
-right: the most k = 4 can give) next to ms per token without drafts; speculation pays on a workload whose mean
-tokens per verify step exceed `verify / decode`.
+right: the most k = 4 can give) next to ms per token without drafts, and how many tokens the two runs share (all
+of them, unless greedy with drafts parts from greedy without at a bf16 near-tie; after one, every draft is wrong);
+speculation pays on a workload whose mean tokens per verify step exceed `verify / decode`. Random weights lead
+greedy decoding from each token t to t + 1 by a wide margin (verifier_service/model/loader.initialise_random).
 throughput: MODEL_DIR is a checkpoint (make_random_model.py writes one; nano-vllm needs one too). Output tok/s on
 nano-vllm's workload (bench/gpu_throughput.workload; nano_tp.py runs the same one), speculation off; with
 --peer-log, the ratio to nano-vllm's own numbers from the same call (peers/run_nano_vllm.sh MODEL_DIR tp2).
@@ -136,8 +138,12 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         _, seconds, steps = generate(drafted, tokens, K)
         row["verify_ms"] = seconds * 1e3 / steps
         if speculation:
-            _, seconds, steps = generate(Engine(config, ReplayDrafts(continuation), runner), tokens, K)
+            replayed, seconds, steps = generate(Engine(config, ReplayDrafts(continuation), runner), tokens, K)
             row["replayed_ms_per_token"], row["tokens_per_step"] = seconds * 1e3 / (tokens - 1), (tokens - 1) / steps
+            # greedy with drafts must give the plain run's tokens (or part from it first at a bf16 near-tie)
+            row["replayed_equal_up_to"] = next((i for i, (a, b) in enumerate(zip(replayed, continuation)) if a != b),
+                                               len(continuation))
+            row["plain_head"], row["replayed_head"] = continuation[:12], replayed[:12]
         print(json.dumps(row), flush=True)  # before close: the numbers stand whatever the teardown does
         if kernels:  # rank 0's device time by kernel over one more plain run (this process sees its own GPU only)
             from bench.kernel_table import print_table, profiled
@@ -255,8 +261,8 @@ def print_latency(rows: list[dict], card: str, bandwidth: float) -> None:
     base = {r["model"]: r["decode_ms"] for r in rows if r["tp"] == 1}
     for r in rows:
         ratio = f"{r['decode_ms'] / base[r['model']]:.2f}" if r["model"] in base else "-"
-        spec = (f"{r['plain_ms_per_token']:.3f} / {r['replayed_ms_per_token']:.3f} ({r['tokens_per_step']:.2f})"
-                if "replayed_ms_per_token" in r else "-")
+        spec = (f"{r['plain_ms_per_token']:.3f} / {r['replayed_ms_per_token']:.3f} ({r['tokens_per_step']:.2f}; "
+                f"same tokens up to {r['replayed_equal_up_to']})" if "replayed_ms_per_token" in r else "-")
         print(f"| {r['model']} | {r['tp']} | {r.get('all_reduce', 'nccl')} | {r['weights_GB']:.2f} | "
               f"{r['floor_ms']:.3f} | {r['decode_ms']:.3f} | {r['decode_ms'] / r['floor_ms']:.2f} | {ratio} | "
               f"{r['verify_ms']:.3f} | {r['verify_ms'] / r['decode_ms']:.2f} | {spec} | {r['start_s']:.0f} |")

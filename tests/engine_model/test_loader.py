@@ -54,18 +54,16 @@ def test_checkpoint_without_lm_head_ties_it_to_the_embeddings(mistral_dir):
 
 def test_random_weights_make_the_next_token_follow_from_the_current_one(tmp_path):
     """bench/gpu_tp.py --speculation replays a plain greedy run's tokens as drafts of random-weight models (70B
-    shapes have no checkpoint here). Its random weights let the current token lead the residual stream, so the
-    greedy choice is the same after any context (and a kernel's rounding cannot move it): the drafts are accepted
-    as a real model's would be."""
+    shapes have no checkpoint here). Their greedy choice after token t is t + 1 whatever came before, by a margin
+    far above any rounding (at 70B shapes in bf16, near-flat logits let greedy with and without drafts part at
+    token 11), so the drafts are accepted as a confident real model's would be."""
     save_tiny_checkpoint("qwen3-qk_norm-untied", tmp_path, num_hidden_layers=8)  # only its config.json is read
     runner = ModelRunner(tmp_path, dtype="float32", block_size=4, kv_cache_bytes=1 << 20, random_weights=True)
     generator = torch.Generator().manual_seed(0)
-    choices = {}
-    for last in (5, 17, 99):
+    for last in (5, 17, 99, runner.vocab_size - 1):
         for context in range(4):
             prompt = torch.randint(0, 128, (12,), generator=generator).tolist() + [last]
             logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, list(range(4)))]))[-1]
-            top2 = logits.topk(2).values
-            choices.setdefault(last, set()).add(int(logits.argmax()))
-            assert top2[0] - top2[1] > 0.01 * logits.std()  # a margin no rounding crosses
-    assert all(len(next_tokens) == 1 for next_tokens in choices.values()), choices
+            top2 = logits.topk(2)
+            assert int(top2.indices[0]) == (last + 1) % runner.vocab_size
+            assert top2.values[0] - top2.values[1] > 0.1 * top2.values[0]  # bf16 rounds by at most 0.4%

@@ -65,3 +65,19 @@ def test_rank_0_alone_offers_no_method_the_other_ranks_would_miss(tmp_path):
         assert sharded.execute(next(steps(sharded.num_blocks))).shape[1] == sharded.vocab_size
     finally:
         sharded.close()
+
+
+def test_random_weights_over_two_ranks_still_lead_each_token_to_the_next(tmp_path):
+    """bench/gpu_tp.py draws a rank's shard on its GPU (no checkpoint of 70B shapes): the LM head rows of one rank
+    come from embedding rows another rank holds, so greedy goes from t to t + 1 across the ranks' vocabulary split."""
+    save_tiny_checkpoint("qwen3-qk_norm-untied", tmp_path)  # only its config.json is read
+    config = EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", block_size=BLOCK_SIZE,
+                          kv_cache_bytes=1 << 20, tensor_parallel_size=2, random_weights=True)
+    sharded = build_model_runner(config)
+    try:
+        vocab = sharded.vocab_size
+        for last in (3, vocab // 2 - 1, vocab // 2, vocab - 1):  # either side of the split, and the wrap-around
+            logits = sharded.execute(ScheduledBatch([prefill_request("r", [7, 1, 9, last], [0])]))[-1]
+            assert int(logits.argmax()) == (last + 1) % vocab
+    finally:
+        sharded.close()

@@ -113,26 +113,43 @@ def _build(config: ModelConfig, max_position: int | None, shard: RankShard | Non
 
 EMBEDDING_STD = 1.0  # random weights: the token's embedding leads the residual stream ...
 RESIDUAL_WRITE_STD = 1e-4  # ... over what o_proj and down_proj add to it (initialise_random says why)
+MATRIX_STD = 0.02  # the other matrices, the LM head's rows among them
+TABLE_SEED = 0  # the embedding table is drawn alike on every rank: a rank's LM head rows come from other ranks' rows
 
 
 @torch.no_grad()
-def initialise_random(model: CausalLM, seed: int) -> None:
+def initialise_random(model: CausalLM, seed: int, vocab: tuple[int, int], vocab_size: int) -> None:
     """Weights of the right shapes for timing runs (a kernel's work does not depend on the values), drawn so that
-    the greedy choice follows from the current token alone, by a wide margin: N(0, 1) embeddings, N(0, 1e-4) for
-    the projections that write into the residual stream (o_proj, down_proj), N(0, 0.02) for the other matrices,
-    ones for norms and biases. Drafts replayed from a plain greedy run (bench/gpu_tp.py --speculation) are then
-    accepted as a real model's would be. With N(0, 0.02) everywhere, an 80-layer random model's 1-row and 5-row
-    forwards, which round differently in bf16, disagreed at most steps: 1.03 tokens a step (round 13)."""
-    generator = torch.Generator(model.lm_head.weight.device).manual_seed(seed)
+    greedy decoding follows the current token by a margin no rounding crosses: the next token of t is t + 1 (t
+    itself with tied embeddings), as a real model's confident choice. vocab: the rows this model holds (a tensor
+    parallel rank's span, which may reach past vocab_size: zero rows), of the whole model's vocab_size.
+
+    N(0, 1) embeddings, N(0, 1e-4) for the projections that write into the residual stream (o_proj, down_proj),
+    N(0, 0.02) for the other matrices, ones for norms and biases: the current token's embedding leads the
+    residual stream. The LM head's row t + 1 is 0.02 x the embedding of t, which the final norm's output meets
+    with a logit of ~0.02 x hidden_size, the other rows with ~0.02 x sqrt(hidden_size). Round 13 drew N(0, 0.02)
+    everywhere (1.03 tokens a step with replayed drafts); round 17 only the embeddings and residual writes as
+    here, with an N(0, 0.02) head: at Llama-3-70B shapes over 4 ranks the top two of 128k near-flat logits were
+    a bf16 rounding apart often enough that greedy with drafts parted from greedy without at token 11 (1.07)."""
+    embedding, head = model.model.embed_tokens.weight, model.lm_head.weight
+    start, stop = vocab[0], max(vocab[0], min(vocab[1], vocab_size))
+    table = torch.empty(vocab_size, embedding.shape[1], dtype=embedding.dtype, device=embedding.device)
+    table.normal_(0.0, EMBEDDING_STD, generator=torch.Generator(table.device).manual_seed(TABLE_SEED))
+    embedding.zero_()[:stop - start] = table[start:stop]
+    if head is not embedding:
+        previous = (torch.arange(start, stop, device=table.device) - 1) % vocab_size
+        head.zero_()[:stop - start] = table[previous] * MATRIX_STD
+    del table
+    generator = torch.Generator(embedding.device).manual_seed(seed)
     for name, param in model.named_parameters():
+        if param is embedding or param is head:
+            continue
         if param.dim() == 1:
             param.fill_(1.0)
-        elif name == "model.embed_tokens.weight":
-            param.normal_(0.0, EMBEDDING_STD, generator=generator)
         elif name.endswith(("o_proj.weight", "down_proj.weight")):
             param.normal_(0.0, RESIDUAL_WRITE_STD, generator=generator)
         else:
-            param.normal_(0.0, 0.02, generator=generator)
+            param.normal_(0.0, MATRIX_STD, generator=generator)
 
 
 def load_model(model_dir: str | Path, device: torch.device | str, dtype: torch.dtype,
@@ -151,7 +168,8 @@ def load_model(model_dir: str | Path, device: torch.device | str, dtype: torch.d
         model.tie_embeddings()  # to_empty gives each module fresh tensors, which unties them
     model.model.rotary.rebuild(device)
     if random_weights:
-        initialise_random(model, seed=shard.rank if shard is not None else 0)
+        vocab = shard.vocab if shard is not None else (0, config.vocab_size)
+        initialise_random(model, shard.rank if shard is not None else 0, vocab, config.vocab_size)
     else:
         load_weights(model, model_dir, shard)
     return model.eval().requires_grad_(False)
