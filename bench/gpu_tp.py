@@ -143,7 +143,6 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
             # greedy with drafts must give the plain run's tokens (or part from it first at a bf16 near-tie)
             row["replayed_equal_up_to"] = next((i for i, (a, b) in enumerate(zip(replayed, continuation)) if a != b),
                                                len(continuation))
-            row["plain_head"], row["replayed_head"] = continuation[:12], replayed[:12]
         print(json.dumps(row), flush=True)  # before close: the numbers stand whatever the teardown does
         if kernels:  # rank 0's device time by kernel over one more plain run (this process sees its own GPU only)
             from bench.kernel_table import print_table, profiled

@@ -88,7 +88,7 @@ def start_tensor_parallel(config: EngineConfig, drafts: bool = True,
     supervisor.start()
     try:
         torch.set_num_threads(threads)
-        runner, channel = join_and_build(config, drafts, shards[0], store, device)
+        runner, channel = join_and_build(config, drafts, shards, 0, store, device)
     except BaseException:
         supervisor.stop(timeout_s=0.0)
         leave_process_groups(healthy=False)
@@ -96,13 +96,14 @@ def start_tensor_parallel(config: EngineConfig, drafts: bool = True,
     return ParallelRunner(runner, channel, supervisor)
 
 
-def join_and_build(config: EngineConfig, drafts: bool, shard: RankShard, store: dist.Store, device: torch.device):
-    """Every rank's start-up after its process exists: process groups, then its runner and channel."""
+def join_and_build(config: EngineConfig, drafts: bool, shards: list[RankShard], rank: int, store: dist.Store,
+                   device: torch.device):
+    """Every rank's start-up after its process exists (shards: plan_shards(config)): process groups, then its
+    runner and channel."""
     from verifier_service.engine.engine import build_model_runner
 
-    rank = shard.rank
+    shard, alike = shards[rank], len({each.shape for each in shards}) == 1
     with phase(rank, f"joining the process groups ({shard.world_size} ranks, {device.type})"):
-        alike = len({each.shape for each in plan_shards(config)}) == 1
         host_group = join_process_groups(rank, shard.world_size, store, device, alike)
     with phase(rank, "loading the shard, KV cache, compiled regions and CUDA graph capture"), in_lockstep():
         runner = build_model_runner(config, drafts, shard=shard)

@@ -53,8 +53,7 @@ def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> bo
     """Start-up, the step loop, teardown; whether the process groups were left cleanly."""
     size = config.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False)
-    shard, device = plan_shards(config)[rank], resolve_device(config.device)
-    runner, channel = join_and_build(config, drafts, shard, store, device)
+    runner, channel = join_and_build(config, drafts, plan_shards(config), rank, store, resolve_device(config.device))
     logger.info("rank %d of %d ready", rank, size)
     with torch.inference_mode(), in_lockstep():  # this rank runs only what rank 0 runs on every rank
         for index in itertools.count(1):
