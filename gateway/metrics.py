@@ -66,7 +66,7 @@ class GatewayMetrics:
             self.e2e_request_latency.observe(stats.finish_time - stats.arrival_time)
 
     def count_rejected(self, code: str) -> None:
-        """A request refused before it started (bad input, unauthenticated)."""
+        """A request that ended before it started (bad input, unauthenticated, its deadline passed)."""
         self.request_errors.labels(code=code).inc()
 
     def exposition(self) -> tuple[bytes, str]:

@@ -106,7 +106,7 @@ class Pipeline:
             stats.finished(error_code=error.code.name)
             raise
         except BaseException:  # client gone (GeneratorExit / CancelledError), or its gRPC deadline passed
-            if stats.finish_time is None and _passed(deadline):
+            if stats.finish_time is None and deadline_passed(deadline):
                 stats.finished(error_code=grpc.StatusCode.DEADLINE_EXCEEDED.name)
             elif stats.finish_time is None:
                 stats.finished("abort")
@@ -120,7 +120,7 @@ class Pipeline:
                         self.tokenizer.decode(list(run.request.prompt_token_ids)), run.text, finish_reason)
 
 
-def _passed(deadline: float | None) -> bool:
+def deadline_passed(deadline: float | None) -> bool:
     """Whether an event-loop time has come (gRPC cancels a handler once its deadline passes; 1 ms for rounding)."""
     return deadline is not None and asyncio.get_running_loop().time() >= deadline - 0.001
 

@@ -7,7 +7,7 @@ from contextlib import aclosing
 import grpc
 
 from gateway import convert
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Pipeline, deadline_passed
 from gateway.router import UpstreamError
 from gateway.tenant import TENANT_HEADER, tenant_key
 from gateway.validation import RequestError
@@ -21,6 +21,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.pipeline = pipeline
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        deadline = _deadline(context)
         try:
             metadata = dict(context.invocation_metadata() or ())
             tenant = tenant_key(metadata.get("authorization"), metadata.get(TENANT_HEADER))
@@ -28,9 +29,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         except RequestError as error:
             self.pipeline.metrics.count_rejected(grpc.StatusCode.INVALID_ARGUMENT.name)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+        except asyncio.CancelledError:  # gRPC cancels the handler at the deadline, here while tokenizing
+            if deadline_passed(deadline):
+                self.pipeline.metrics.count_rejected(grpc.StatusCode.DEADLINE_EXCEEDED.name)
+            raise
         try:
             # aclosing: if this handler is abandoned at a yield, the verifier call is still cancelled now.
-            async with aclosing(self.pipeline.generate(generation, _deadline(context))) as chunks:
+            async with aclosing(self.pipeline.generate(generation, deadline)) as chunks:
                 async for chunk in chunks:
                     yield convert.generate_response(chunk)
         except UpstreamError as error:

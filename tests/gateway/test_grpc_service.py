@@ -1,5 +1,6 @@
 """specd.v1.Gateway/Generate over real gRPC: text, usage, errors naming fields, auth, cancel propagation."""
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -120,6 +121,27 @@ async def test_a_client_deadline_reaches_the_verifier(stub, stack):
 
 async def generate_with_timeout(stub, timeout):
     return [m async for m in stub.Generate(gateway_pb2.GenerateRequest(prompt="x"), timeout=timeout)]
+
+
+async def test_a_deadline_that_passes_while_the_prompt_is_tokenized_is_counted(stub, stack):
+    """Tokenizing runs on the event loop's worker threads. When they are all busy (a loaded gateway), the deadline
+    can pass before the request reaches the verifier: that is still a deadline error, counted as one (it went
+    uncounted, and tests/e2e/test_cancel_and_deadline.py failed now and then on a loaded CI machine)."""
+    loop, release = asyncio.get_running_loop(), threading.Event()
+    busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than the default pool's threads
+    before = stack.errors_counted("DEADLINE_EXCEEDED")
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await generate_with_timeout(stub, timeout=0.3)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+    for _ in range(100):  # the handler ends just after the client's error
+        if stack.errors_counted("DEADLINE_EXCEEDED") == before + 1:
+            break
+        await asyncio.sleep(0.02)
+    assert stack.errors_counted("DEADLINE_EXCEEDED") == before + 1
 
 
 async def test_with_an_api_key_calls_need_the_bearer_token(tokenizer):
