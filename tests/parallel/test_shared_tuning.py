@@ -119,6 +119,13 @@ def test_ranks_with_shards_of_different_shapes_tune_alone_and_share_checkpoints(
     assert "out of step" in error_0 and "out of step" in error_1
 
 
+def inductor_settings_kept():
+    """Inductor's settings that tune_through_lockstep changes for the whole process, restored after the test."""
+    from torch._inductor import config
+
+    return config.patch(compile_threads=config.compile_threads, shape_padding=config.shape_padding)
+
+
 def test_ranks_pass_a_checkpoint_they_all_reach():
     capture = (CHECKPOINT, "capture of the 1 x 1 graph", None)
     (_, together_0), (_, together_1) = run_both(TIMINGS[1] + [capture], timings_of_rank_0=TIMINGS[0] + [capture])
@@ -135,7 +142,9 @@ def test_a_choice_on_disk_is_not_reused_in_lockstep(tmp_path):
     none (so rank 0 tunes the kernel as its peers do), outside lockstep as it was saved."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    tune_through_lockstep()  # as share_tuning does on a CUDA rank (nothing off CUDA tunes through it)
+    with inductor_settings_kept():
+        tune_through_lockstep()  # as share_tuning does on a CUDA rank (nothing off CUDA tunes through it)
+
     def candidates() -> list[SimpleNamespace]:  # fresh each read: Inductor marks the config it returns
         return [SimpleNamespace(kwargs={"XBLOCK": x, "R0_BLOCK": 4096 // x}, num_warps=4, num_stages=1)
                 for x in (1, 2)]

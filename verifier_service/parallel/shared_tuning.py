@@ -69,7 +69,7 @@ class _Lockstep:
 _lockstep = _Lockstep()
 
 
-def share_tuning(group: dist.ProcessGroup, device: torch.device, alike: bool = True) -> None:
+def share_tuning(group: dist.ProcessGroup, device: torch.device, alike: bool) -> None:
     """From now on, timings taken in_lockstep are agreed over group's ranks (off CUDA nothing tunes, and
     Inductor is left alone). alike: whether every rank's shard has the same shapes. Ranks whose shards differ
     (heads that do not split evenly) compile different kernels, with different candidates, so no timing pairs
