@@ -128,6 +128,8 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         plain, drafted = Engine(config, None, runner), Engine(config, FixedDrafts(), runner)
         generate(plain, 16)  # warm-up: the eager shapes compile here
         generate(drafted, 16, K)
+        gc.collect()
+        gc.freeze()  # as the verifier does after its warm-up: no full collection of start-up's objects mid-run
         untuned = " untuned" if os.environ.get(UNTUNED_ENV) else ""
         row = {"model": name + untuned, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up
                "start_s": time.perf_counter() - started,
@@ -157,6 +159,7 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
             record(timeline / f"tp{tp}", generate, plain, 32)
     finally:
         runner.close()
+        gc.unfreeze()
         release_memory()
     return row
 

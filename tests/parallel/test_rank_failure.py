@@ -1,11 +1,12 @@
 """A tensor-parallel verifier as a real process (2 CPU ranks over gloo, real gRPC health): a rank that dies or
 hangs turns it NOT_SERVING and ends it non-zero (a hang with rank 0's stacks in the log, the others asked for
-theirs); SIGTERM stops every rank cleanly; a model that cannot be split, or more ranks than GPUs, fails start-up
+theirs); rank 1 freezes its start-up objects out of the collector's way; SIGTERM stops every rank cleanly; a model that cannot be split, or more ranks than GPUs, fails start-up
 naming the option."""
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -142,10 +143,13 @@ def gone(process: psutil.Process, timeout: float) -> bool:
     return False
 
 
-def test_sigterm_stops_every_rank_cleanly(start_serving):
+def test_rank_1_freezes_its_start_up_objects_and_sigterm_stops_every_rank_cleanly(start_serving):
     serving = start_serving()
     ranks = other_ranks(serving)
     assert len(ranks) == 1
+    # by SERVING the warm-up has run on rank 1 too; start-up's objects no longer stall its steps in a collection
+    frozen = re.search(r"rank 1: (\d+) objects from start-up frozen", serving.log_path.read_text())
+    assert frozen and int(frozen.group(1)) > 10_000, frozen
     assert serving.stop(signal.SIGTERM) == 0
     assert psutil.wait_procs(ranks, timeout=30)[1] == []  # none left alive
 

@@ -9,6 +9,7 @@ device and are logged with their time (diagnostics.py): a step that never ends n
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -61,6 +62,8 @@ def _serve(config: EngineConfig, drafts: bool, rank: int, store_port: int) -> bo
                 break
             if index <= FIRST_STEPS_LOGGED:
                 _execute_logged(runner, step, rank, index)
+                if index == FIRST_STEPS_LOGGED:
+                    _freeze_start_up_objects(rank)
             else:
                 runner.execute(decode_batch(step.host, step.feedback))
     logger.info("rank %d: stopping after %d steps", rank, index - 1)
@@ -75,6 +78,16 @@ def _execute_logged(runner: ModelRunner, step: Step, rank: int, index: int) -> N
         runner.execute(batch)
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)
+
+
+def _freeze_start_up_objects(rank: int) -> None:
+    """What rank 0's verifier does after its warm-up (server.py), here after the warm-up's first steps (the first
+    prefill compiles its shapes on every rank): loading, compiling and capturing leave millions of long-lived
+    Python objects, and a full collection that walks them stops this rank for up to a second, while every other
+    rank waits for it at the step's first all-reduce."""
+    gc.collect()
+    gc.freeze()
+    logger.info("rank %d: %d objects from start-up frozen (full collections skip them)", rank, gc.get_freeze_count())
 
 
 def _exit_with_rank_0() -> None:
