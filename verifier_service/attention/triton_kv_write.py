@@ -12,11 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
+from verifier_service.model import pdl
+from verifier_service.model.triton_pdl import prologue
+
 
 @triton.jit
 def _write_kv_kernel(KEY, VALUE, K_CACHE, V_CACHE, SLOTS, stride_key, stride_value,
-                     ROW: tl.constexpr, BLOCK: tl.constexpr):
+                     ROW: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # KEY, VALUE [num_tokens, ROW] with row strides stride_key / stride_value; caches [num_slots, ROW].
+    prologue(PDL)
     token = tl.program_id(0)
     slot = tl.load(SLOTS + token).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -40,9 +44,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     if num_tokens == 0:
         return
     key, value = _rows(key), _rows(value)
-    row = key.shape[1] * key.shape[2]
+    row, dependent = key.shape[1] * key.shape[2], pdl.enabled(key.device)
     _write_kv_kernel[(num_tokens,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
-                                    ROW=row, BLOCK=triton.next_power_of_2(row), num_warps=4)
+                                    ROW=row, BLOCK=triton.next_power_of_2(row), PDL=dependent, num_warps=4,
+                                    launch_pdl=dependent)
 
 
 def supports(key: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from verifier_service.model import pdl
+from verifier_service.model.triton_pdl import prologue
+
 LOG2E = 1.4426950408889634
 MAX_TILE_ROWS = 128  # group * query_len above this is a prefill chunk, not a verify step: FA2 handles it
 
@@ -29,11 +32,13 @@ MAX_TILE_ROWS = 128  # group * query_len above this is a prefill chunk, not a ve
 @triton.jit
 def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt, stride_q,
                    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, QLEN: tl.constexpr, GROUP: tl.constexpr,
-                   BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                   BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   PDL: tl.constexpr):
     # Q [B * QLEN, H, D] with token stride stride_q (a column slice of the projection), OUT [B * QLEN, H, D];
     # K, V [blocks, BS, KVH, D]; BT [B, max_blocks]; CTX [B];
     # O_PART [B * KVH * NUM_SPLITS * BLOCK_M, D] f32, LSE_PART [B * KVH * NUM_SPLITS * BLOCK_M] f32 (splits only).
     # Row r of the tile is query head kvh * GROUP + r // QLEN at step token r % QLEN.
+    prologue(PDL)
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(CTX + b)
     rows = tl.arange(0, BLOCK_M)
@@ -79,8 +84,10 @@ def _verify_kernel(Q, K, V, BT, CTX, OUT, O_PART, LSE_PART, qk_scale, stride_bt,
 
 @triton.jit
 def _combine_kernel(O_PART, LSE_PART, OUT, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
-                    QLEN: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                    QLEN: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                    PDL: tl.constexpr):
     # Merges the NUM_SPLITS partial outputs of (sequence b, KV head kvh), weighted by exp2(lse - max lse).
+    prologue(PDL)
     b, kvh = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D)
@@ -118,14 +125,16 @@ def verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if num_splits > 1:
         parts = torch.empty(batch * kv_heads * num_splits * block_m, head_dim, device=query.device, dtype=torch.float32)
         lse = torch.empty(batch * kv_heads * num_splits * block_m, device=query.device, dtype=torch.float32)
+    dependent = pdl.enabled(query.device)
     _verify_kernel[(batch, kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, out, parts, lse, scale * LOG2E, block_tables.stride(0),
         query.stride(0),
         H=heads, KVH=kv_heads, D=head_dim, QLEN=query_len, GROUP=group, BS=block_size, BLOCK_M=block_m,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, num_warps=4, num_stages=3)
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, PDL=dependent, num_warps=4, num_stages=3, launch_pdl=dependent)
     if num_splits > 1:
         _combine_kernel[(batch, kv_heads)](parts, lse, out, H=heads, KVH=kv_heads, D=head_dim, QLEN=query_len,
-                                           GROUP=group, BLOCK_M=block_m, NUM_SPLITS=num_splits, num_warps=4)
+                                           GROUP=group, BLOCK_M=block_m, NUM_SPLITS=num_splits, PDL=dependent,
+                                           num_warps=4, launch_pdl=dependent)
     return out
 
 

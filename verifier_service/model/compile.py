@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from verifier_service.model import pdl
 from verifier_service.model.decoder import CausalLM
 
 
@@ -34,15 +35,15 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
     # Prefill chunks, decode and verify steps differ only in num_tokens: allow one graph per region
     # and specialisation (single token / many) for each model this process loads.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    decoder = model.model
+    decoder, device = model.model, model.lm_head.weight.device
     for layer in decoder.layers:
         if getattr(layer, "compiled", False):
             continue
-        layer.attention_inputs = _compiled(layer.attention_inputs, static)
-        layer.attention_output = _compiled(layer.attention_output, static)
+        layer.attention_inputs = _compiled(layer.attention_inputs, static, device)
+        layer.attention_output = _compiled(layer.attention_output, static, device)
         layer.compiled = True
     if not getattr(decoder, "compiled", False):
-        decoder.final_norm = _compiled(decoder.final_norm, static)
+        decoder.final_norm = _compiled(decoder.final_norm, static, device)
         decoder.compiled = True
 
 
@@ -52,9 +53,10 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and picked
 # differently from one machine to the next.
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
+_ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
 
 
-def _compiled(method, static_token_counts: set[int]):
+def _compiled(method, static_token_counts: set[int], device: torch.device):
     """method compiled for one token (batch-1 decode), statically for the other given token counts (verify
     steps, small batches), and dynamically for everything else.
 
@@ -64,9 +66,10 @@ def _compiled(method, static_token_counts: set[int]):
     851 us (bench/gpu_gemm.py). Static graphs compile once per token count, during the warm-up / CUDA graph
     capture before the service reports SERVING.
     """
-    dynamic = torch.compile(method, dynamic=True, fullgraph=True)
-    one_row = torch.compile(method, dynamic=False, fullgraph=True, mode="max-autotune-no-cudagraphs")
-    few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS)
+    launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
+    dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
+    one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
+    few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
 
     def run(hidden: torch.Tensor, *args):
         tokens = hidden.shape[0]

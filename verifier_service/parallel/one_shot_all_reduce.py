@@ -27,6 +27,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from verifier_service.model import pdl
+
 logger = logging.getLogger(__name__)
 
 MODE_ENV = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
@@ -60,6 +62,7 @@ class OneShotAllReduce:
 
         self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
+        self.pdl = pdl.enabled(device)  # launched with programmatic dependent launch (model/pdl.py)
         self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
         group_name = enable_symmetric_memory(dist.group.WORLD)
         set_words = 2 * self.world * self.slot
@@ -107,7 +110,8 @@ class OneShotAllReduce:
         base, parities = slots
         self.kernel[(programs,)](x.view(torch.int16), out, residual, weight, residual_out, numel, width, eps,
                                  self.handle.buffer_ptrs_dev, base, self.slot, parities, RANK=self.rank,
-                                 WORLD=self.world, BLOCK=block, NORM=norm, num_warps=8 if block >= 4096 else 4)
+                                 WORLD=self.world, BLOCK=block, NORM=norm, PDL=self.pdl,
+                                 num_warps=8 if block >= 4096 else 4, launch_pdl=self.pdl)
 
 
 # Group name -> the process group this process enabled symmetric memory for (see enable_symmetric_memory).

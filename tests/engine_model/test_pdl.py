@@ -1,0 +1,22 @@
+"""Which devices launch kernels with programmatic dependent launch (verifier_service/model/pdl.py)."""
+from __future__ import annotations
+
+import torch
+
+from verifier_service.model import pdl
+
+
+def test_pdl_is_off_on_the_cpu_and_when_switched_off(monkeypatch):
+    assert not pdl.enabled(torch.device("cpu"))
+    monkeypatch.setenv(pdl.ENV, "0")
+    assert not pdl.enabled(torch.device("cuda", 0))  # decided before any CUDA query: this machine has no GPU
+
+
+def test_pdl_follows_the_compute_capability(monkeypatch):
+    monkeypatch.delenv(pdl.ENV, raising=False)
+    pdl._hopper_or_later.cache_clear()
+    for major, expected in ((8, False), (9, True), (10, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, major=major: (major, 0))
+        pdl._hopper_or_later.cache_clear()
+        assert pdl.enabled(torch.device("cuda", 0)) is expected
+    pdl._hopper_or_later.cache_clear()
