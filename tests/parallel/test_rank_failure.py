@@ -1,7 +1,7 @@
 """A tensor-parallel verifier as a real process (2 CPU ranks over gloo, real gRPC health): a rank that dies or
 hangs turns it NOT_SERVING and ends it non-zero (a hang with rank 0's stacks in the log, the others asked for
-theirs); rank 1 freezes its start-up objects out of the collector's way; SIGTERM stops every rank cleanly; a model that cannot be split, or more ranks than GPUs, fails start-up
-naming the option."""
+theirs); rank 1 freezes its start-up objects out of the collector's way; SIGTERM stops every rank cleanly; a
+model that cannot be split, or more ranks than GPUs, fails start-up naming the option."""
 from __future__ import annotations
 
 import contextlib
