@@ -26,7 +26,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
-from verifier_service.engine.warm_up import warm_up  # noqa: E402
+from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up  # noqa: E402
 
 # name -> (speculation, EngineConfig changes); "always" = every decoding request drafts every step (round 1).
 CONFIGS = {
@@ -75,8 +75,7 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
     run(engine, [prompts[0][:100]], [16])  # and a prefill of the workload's kind
     load_s = time.perf_counter() - started
     if freeze:  # as the verifier does after its warm-up (verifier_service/server.py)
-        gc.collect()
-        gc.freeze()
+        freeze_start_up_objects()
     rows = []
     for schedule in schedules:
         engine.async_scheduling = schedule == "async"

@@ -49,7 +49,7 @@ from bench.gpu_throughput import run, workload  # noqa: E402
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
-from verifier_service.engine.warm_up import warm_up  # noqa: E402
+from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up  # noqa: E402
 from verifier_service.parallel.collectives import all_reduce_in_use  # noqa: E402
 from bench.tp_timeline import TIMELINE_ENV  # noqa: E402
 
@@ -128,8 +128,7 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         plain, drafted = Engine(config, None, runner), Engine(config, FixedDrafts(), runner)
         generate(plain, 16)  # warm-up: the eager shapes compile here
         generate(drafted, 16, K)
-        gc.collect()
-        gc.freeze()  # as the verifier does after its warm-up: no full collection of start-up's objects mid-run
+        freeze_start_up_objects()  # as the verifier does after its warm-up
         untuned = " untuned" if os.environ.get(UNTUNED_ENV) else ""
         row = {"model": name + untuned, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up
                "start_s": time.perf_counter() - started,
@@ -214,8 +213,7 @@ def throughput_row(model_dir: Path, tp: int, num_seqs: int) -> dict:
         warm_up(engine)  # as the verifier does (the keyed sampler compiles for one row and for several)
         run(engine, [prompts[0][:100]], [16])  # and a prefill of the workload's kind
         start_s = time.perf_counter() - started
-        gc.collect()
-        gc.freeze()  # as the verifier does after its warm-up
+        freeze_start_up_objects()  # as the verifier does after its warm-up
         seconds, produced = run(engine, prompts, max_tokens)
         row = {"model": model_dir.name, "tp": tp, "num_seqs": num_seqs, "seconds": seconds, "output_tokens": produced,
                "tok_per_s": produced / seconds, "start_s": start_s}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import multiprocessing
 import os
@@ -26,7 +25,7 @@ from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.convert import ModelLimits
 from verifier_service.engine.engine import Engine, build_model_runner
-from verifier_service.engine.warm_up import warm_up
+from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up
 from verifier_service.engine_loop import EngineLoop
 from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
 from verifier_service.service import VerifierServicer
@@ -161,11 +160,7 @@ def _drafter_client(config: VerifierConfig):
 def _warm_up(engine: Engine) -> None:
     """The engine's warm-up (engine/warm_up.py), then the collector told to leave what start-up made alone."""
     warm_up(engine)
-    # Loading, compiling and capturing leave millions of long-lived Python objects (torch.compile's
-    # caches among them). Frozen, Python's full collections stop walking them: a collection pause in
-    # the engine loop is time the GPU waits for the host under async scheduling.
-    gc.collect()
-    gc.freeze()
+    freeze_start_up_objects()
 
 
 def model_limits(engine: Engine) -> ModelLimits:

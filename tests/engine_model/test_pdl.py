@@ -1,9 +1,18 @@
 """Which devices launch kernels with programmatic dependent launch (verifier_service/model/pdl.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from verifier_service.model import pdl
+
+
+@pytest.fixture(autouse=True)
+def undecided():
+    """enabled() decides once per device: each test starts undecided, and leaves no decision to later tests."""
+    pdl.enabled.cache_clear()
+    yield
+    pdl.enabled.cache_clear()
 
 
 def test_pdl_is_off_on_the_cpu_and_when_switched_off(monkeypatch):
@@ -14,9 +23,7 @@ def test_pdl_is_off_on_the_cpu_and_when_switched_off(monkeypatch):
 
 def test_pdl_follows_the_compute_capability(monkeypatch):
     monkeypatch.delenv(pdl.ENV, raising=False)
-    pdl._hopper_or_later.cache_clear()
     for major, expected in ((8, False), (9, True), (10, True)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, major=major: (major, 0))
-        pdl._hopper_or_later.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, major=major: (major, 0))
+        pdl.enabled.cache_clear()
         assert pdl.enabled(torch.device("cuda", 0)) is expected
-    pdl._hopper_or_later.cache_clear()

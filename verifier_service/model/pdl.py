@@ -12,7 +12,8 @@ it, which it waits for. Inductor's own kernels (`triton.enable_pdl`: model/compi
 what the kernel before them wrote, and let their dependents launch only after that wait, so the same holds for
 them. Kernels launched without PDL (cuBLAS, NCCL, flash-attn, copies) keep the plain stream order on both sides.
 
-On by default on CUDA devices of compute capability 9 and up; SPECD_PDL=0 turns it off (to measure before / after).
+On by default on CUDA devices of compute capability 9 and up; SPECD_PDL=0 (read when a device is first
+asked about) turns it off, to measure before / after.
 """
 from __future__ import annotations
 
@@ -24,13 +25,10 @@ import torch
 ENV = "SPECD_PDL"
 
 
+@functools.cache
 def enabled(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with PDL: a CUDA device of compute capability >= 9, SPECD_PDL not "0"."""
+    """Whether kernels on `device` (a tensor's device) launch with PDL: a CUDA device of compute capability >= 9,
+    SPECD_PDL not "0". Decided once per device and process: our kernels ask at every launch, eager steps included."""
     if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
         return False
-    return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _hopper_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return torch.cuda.get_device_capability(device)[0] >= 9

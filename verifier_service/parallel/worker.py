@@ -9,7 +9,6 @@ device and are logged with their time (diagnostics.py): a step that never ends n
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
 import multiprocessing
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.model_runner import ModelRunner, resolve_device
+from verifier_service.engine.warm_up import freeze_start_up_objects
 from verifier_service.parallel.batch_codec import decode_batch
 from verifier_service.parallel.diagnostics import (FIRST_STEPS_LOGGED, describe_step, phase,
                                                    register_stack_dump_signal)
@@ -82,12 +82,9 @@ def _execute_logged(runner: ModelRunner, step: Step, rank: int, index: int) -> N
 
 def _freeze_start_up_objects(rank: int) -> None:
     """What rank 0's verifier does after its warm-up (server.py), here after the warm-up's first steps (the first
-    prefill compiles its shapes on every rank): loading, compiling and capturing leave millions of long-lived
-    Python objects, and a full collection that walks them stops this rank for up to a second, while every other
-    rank waits for it at the step's first all-reduce."""
-    gc.collect()
-    gc.freeze()
-    logger.info("rank %d: %d objects from start-up frozen (full collections skip them)", rank, gc.get_freeze_count())
+    prefill compiles its shapes on every rank)."""
+    frozen = freeze_start_up_objects()
+    logger.info("rank %d: %d objects from start-up frozen (full collections skip them)", rank, frozen)
 
 
 def _exit_with_rank_0() -> None:
