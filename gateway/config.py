@@ -27,6 +27,8 @@ class GatewayConfig:
     health_poll_seconds: float = 0.5  # how often verifier health and load are polled
     grace_seconds: float = 10.0  # how long in-flight requests may run on after SIGTERM
     log_requests: bool = False  # log prompts and outputs; off, they never reach the logs
+    processes: int = 1  # gateway processes sharing both ports (gateway/processes.py)
+    reuse_port: bool = False  # set by gateway/processes.py for its workers: bind the ports with SO_REUSEPORT
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -47,5 +49,9 @@ class GatewayConfig:
             raise ValueError("request_timeout_seconds: must be > 0")
         if self.health_poll_seconds <= 0:
             raise ValueError("health_poll_seconds: must be > 0")
+        if self.processes < 1:
+            raise ValueError(f"processes: must be >= 1, got {self.processes}")
+        if self.processes > 1 and not (self.grpc_port and self.http_port):
+            raise ValueError("processes: several gateway processes need fixed ports (not 0)")
         if self.grace_seconds < 0:
             raise ValueError("grace_seconds: must be >= 0")

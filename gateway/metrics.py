@@ -1,8 +1,11 @@
 """The gateway's Prometheus metrics (CONTRACT.md), recorded from finished requests' RequestStats."""
 from __future__ import annotations
 
+import os
+
 import grpc
 import prometheus_client as prom
+from prometheus_client import multiprocess
 
 from gateway.request import FINISH_REASONS
 from gateway.stats import RequestStats
@@ -70,5 +73,10 @@ class GatewayMetrics:
         self.request_errors.labels(code=code).inc()
 
     def exposition(self) -> tuple[bytes, str]:
-        """The text exposition and its content type, for GET /metrics."""
+        """The text exposition and its content type, for GET /metrics: with several gateway processes
+        (gateway/processes.py) the sum over all of them, whichever one answers."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = prom.CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

@@ -1,4 +1,5 @@
-"""`serve(config)`: the gateway process, gRPC (grpc.aio) and HTTP (uvicorn) on one event loop."""
+"""`serve(config)`: one gateway process, gRPC (grpc.aio) and HTTP (uvicorn) on one event loop; `main(config)` runs
+one, or several sharing the ports (gateway/processes.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -77,13 +78,13 @@ async def start(config: GatewayConfig) -> RunningGateway:
                     if config.api_key else [])
     grpc_server = GrpcServer(
         ServerConfig(host=config.host, port=config.grpc_port, tls=config.tls,
-                     grace_seconds=config.grace_seconds),
+                     grace_seconds=config.grace_seconds, reuse_port=config.reuse_port),
         service_names=[GATEWAY_SERVICE],
         register=lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(pipeline), server),
         interceptors=interceptors, registry=pipeline.metrics.registry)
     async with contextlib.AsyncExitStack() as undo:  # what started so far, stopped again if a later step fails
         undo.push_async_callback(pipeline.router.close)
-        http_socket = bound_socket(config.host, config.http_port, "http-port")
+        http_socket = bound_socket(config.host, config.http_port, "http-port", reuse_port=config.reuse_port)
         undo.callback(http_socket.close)
         await grpc_server.start()
         undo.push_async_callback(grpc_server.stop, 0)
@@ -119,6 +120,16 @@ class _EmbeddedUvicorn(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+
+def main(config: GatewayConfig) -> None:
+    """`specd gateway`: one gateway process, or with `processes` > 1 that many (gateway/processes.py)."""
+    if config.processes > 1:
+        from gateway.processes import serve_processes
+
+        serve_processes(config)
+    else:
+        asyncio.run(serve(config))
 
 
 async def serve(config: GatewayConfig) -> None:

@@ -99,7 +99,7 @@ def _run_service(name: str, options: ServiceOptions) -> None:
 
         config = drafter_config_from_options(options)
     else:
-        from gateway.server import serve
+        from gateway.server import main as serve
         from specd.service_configs import gateway_config_from_options
 
         config = gateway_config_from_options(options)

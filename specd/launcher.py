@@ -52,9 +52,16 @@ def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) ->
         services.append(ServiceProcess(f"verifier-{replica}" if num_verifiers > 1 else "verifier", argv, port))
         verifier_addrs += ["--verifier-addr", f"{loopback}:{port}"]
     gateway_port = GATEWAY_PORTS[0] + port_offset
-    argv = _argv("gateway", options, gateway_port, None) + ["--http-port", str(GATEWAY_PORTS[1] + port_offset)]
+    argv = _argv("gateway", options, gateway_port, None) + ["--http-port", str(GATEWAY_PORTS[1] + port_offset),
+                                                            "--gateway-processes", str(_gateway_processes(options))]
     services.append(ServiceProcess("gateway", argv + verifier_addrs, gateway_port))
     return services
+
+
+def _gateway_processes(options: ServiceOptions) -> int:
+    """On one machine the verifier's engine, its service layer and the drafter need cores too: one gateway
+    process per 4 usable CPUs unless --gateway-processes says otherwise."""
+    return options.resolved_gateway_processes(cpus_per_process=4)
 
 
 def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | None) -> list[str]:

@@ -22,6 +22,8 @@ ASYNC_SCHEDULING = ("auto", "on", "off")
 MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
 DRAFT_MEMORY_SCOPES = ("global", "per-key", "off")  # drafter_service/config.py's MEMORY_SCOPES
 DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.drafting
+MAX_GATEWAY_PROCESSES = 64
+DEFAULT_MAX_GATEWAY_PROCESSES = 8  # --gateway-processes auto takes no more
 # --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS.md, "CPU default for k").
 DEFAULT_NUM_SPECULATIVE_TOKENS = {"cpu": 6, "cuda": 4}
 
@@ -58,6 +60,7 @@ class ServiceOptions:
     draft_min_probability: float | None = None  # drafter: stop a draft below this chance (None = its default)
     drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
     drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
+    gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -92,6 +95,9 @@ class ServiceOptions:
                              f"got {self.async_scheduling!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if self.gateway_processes is not None and not 1 <= self.gateway_processes <= MAX_GATEWAY_PROCESSES:
+            raise ValueError(f"gateway_processes: must be in 1..{MAX_GATEWAY_PROCESSES} or auto, "
+                             f"got {self.gateway_processes}")
         if self.drain_seconds is not None and self.drain_seconds < 0:
             raise ValueError(f"drain_seconds: must be >= 0, got {self.drain_seconds}")
 
@@ -113,6 +119,15 @@ class ServiceOptions:
             return self.num_speculative_tokens
         default = DEFAULT_NUM_SPECULATIVE_TOKENS[self.resolved_device()]
         return default if self.max_speculative_tokens is None else min(default, self.max_speculative_tokens)
+
+    def resolved_gateway_processes(self, cpus_per_process: int = 1) -> int:
+        """The number given, else one per `cpus_per_process` usable CPUs (at least 1, at most 8): a gateway alone
+        in its container takes its CPUs; `specd up` leaves most of the machine to the other services."""
+        if self.gateway_processes is not None:
+            return self.gateway_processes
+        from specd.cpu_budget import usable_cpus
+
+        return max(1, min(DEFAULT_MAX_GATEWAY_PROCESSES, usable_cpus() // cpus_per_process))
 
     def resolved_dtype(self) -> str:
         """auto = bfloat16 on CUDA, float32 on the CPU (exactness tests rely on the latter)."""
@@ -199,6 +214,14 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="after SIGTERM / SIGINT: how long live calls may finish before the rest are cancelled "
                             "(default: 10 for gateway and verifier, 5 for the drafter); keep Kubernetes' "
                             "terminationGracePeriodSeconds above it")
+    group.add_argument("--gateway-processes", type=_processes, default=_processes(_env("gateway_processes", "auto")),
+                       help="gateway: processes serving its ports, each a whole gateway on a core of its own "
+                            "(auto: one per usable CPU, at most 8; under specd up one per 4 CPUs)")
+
+
+def _processes(value: str) -> int | None:
+    """--gateway-processes: a count, or auto (None)."""
+    return None if value in ("", "auto") else int(value)
 
 
 def _optional_int(value: str | None) -> int | None:
@@ -225,5 +248,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         draft_memory_scope=args.draft_memory_scope,
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
         drafting=args.drafting,
-        drain_seconds=args.drain_seconds,
+        drain_seconds=args.drain_seconds, gateway_processes=args.gateway_processes,
     )

@@ -33,6 +33,7 @@ def gateway_config_from_options(options: ServiceOptions):
         tls=_tls(options),
         max_model_len=options.max_model_len or None,
         log_requests=options.log_requests,
+        processes=options.resolved_gateway_processes(),
         **drain(options),
     )
 

@@ -74,6 +74,7 @@ class ServerConfig:
     metrics_port: int | None = None  # None = no /metrics endpoint; 0 = any free port
     tls: TlsConfig | None = None
     grace_seconds: float = 10.0  # how long in-flight calls may run on after SIGTERM
+    reuse_port: bool = False  # share the port with sibling processes that set it too (gateway/processes.py)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -268,11 +269,12 @@ class GrpcServer:
 
     async def _start_grpc(self) -> None:
         host, port = self.config.host, self.config.port
-        if port:  # checked first: grpc's own failure is a multi-line log of its C core
+        reuse_port = self.config.reuse_port
+        if port and not reuse_port:  # checked first: grpc's own failure is a multi-line log of its C core
             bound_socket(host, port, "port").close()
         # Without so_reuseport 0, a second server on a taken port would share it with the first, silently.
         server = grpc.aio.server(interceptors=self._interceptors,
-                                 options=channel_options() + [("grpc.so_reuseport", 0)])
+                                 options=channel_options() + [("grpc.so_reuseport", int(reuse_port))])
         self._register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -18,12 +18,15 @@ class PortInUse(StartupError):
         self.port = port
 
 
-def bound_socket(host: str, port: int, option: str) -> socket.socket:
+def bound_socket(host: str, port: int, option: str, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to host:port as servers bind (SO_REUSEADDR), not listening yet; PortInUse naming
-    `option` (the CLI option that sets the port) when the port is taken."""
+    `option` (the CLI option that sets the port) when the port is taken. With `reuse_port`, sockets of this
+    user's other processes that set it too may share the port (gateway/processes.py)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as error:

@@ -12,9 +12,13 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from verifier_service.spec_decode_log import SpecDecodeIntervalLog
+from verifier_service.step_stall_log import StepStallLog
 
 STEP_STAGES = ("schedule", "propose", "score", "verify", "update")
 _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Whole steps: a small model's decode step on a GPU takes well under a millisecond, a stall tens of them or more.
+_STEP_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25,
+                 0.5, 1.0, 2.5, 5.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -39,6 +43,9 @@ class VerifierMetrics:
                                                    "Accepted draft tokens by draft position (0 = first).", ("position",))
         self.step_stage_seconds = Histogram("specd_step_stage_seconds", "Time per engine step stage.", ("stage",),
                                             buckets=_STAGE_BUCKETS, registry=registry)
+        self.step_seconds = Histogram("specd_step_seconds", "Time per engine step, whatever its stages (one "
+                                      "observation per step: a step far above the median is a stall).",
+                                      buckets=_STEP_BUCKETS, registry=registry)
         self.step_tokens = Histogram("specd_step_tokens", "Tokens fed to the model per forward pass.",
                                      buckets=_TOKEN_BUCKETS, registry=registry)
         self.forward_passes = counter("forward_passes", "Forward passes of the target model by how they ran: "
@@ -68,12 +75,13 @@ class VerifierMetricsExporter:
     """
 
     def __init__(self, metrics: VerifierMetrics, engine, read_fallbacks: Callable[[], int] = lambda: 0,
-                 interval_log: SpecDecodeIntervalLog | None = None) -> None:
+                 interval_log: SpecDecodeIntervalLog | None = None, stall_log: StepStallLog | None = None) -> None:
         self._metrics = metrics
         self._engine = engine
         self._read_fallbacks = read_fallbacks
         self._exported_fallbacks = 0
         self._interval_log = interval_log if interval_log is not None else SpecDecodeIntervalLog()
+        self._stall_log = stall_log if stall_log is not None else StepStallLog()
 
     def export(self) -> None:
         """Called on the engine thread after each step (and after aborts)."""
@@ -87,6 +95,8 @@ class VerifierMetricsExporter:
 
     def _export_step(self, step) -> None:
         metrics = self._metrics
+        metrics.step_seconds.observe(step.seconds)
+        self._stall_log.observe(step)
         for stage, seconds in step.stage_seconds.items():
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
         for num_tokens in step.forward_tokens:  # one observation per forward pass

@@ -7,7 +7,7 @@ CONTRACT_SAMPLE_NAMES = {
     "specd_spec_decode_num_drafts_total", "specd_spec_decode_num_draft_tokens_total",
     "specd_spec_decode_num_accepted_tokens_total", "specd_spec_decode_num_emitted_tokens_total",
     "specd_spec_decode_num_accepted_tokens_per_pos_total", "specd_step_stage_seconds_bucket",
-    "specd_step_tokens_bucket", "specd_num_requests_running", "specd_num_requests_waiting",
+    "specd_step_tokens_bucket", "specd_step_seconds_bucket", "specd_num_requests_running", "specd_num_requests_waiting",
     "specd_kv_cache_usage_ratio", "specd_num_preemptions_total", "specd_drafter_fallbacks_total",
     # gateway
     "specd_time_to_first_token_seconds_bucket", "specd_inter_token_latency_seconds_bucket",

@@ -9,6 +9,7 @@ VERIFIER_FAMILIES = {
     "specd_spec_decode_num_accepted_tokens_per_pos": "counter",  # label: position
     "specd_step_stage_seconds": "histogram",  # label: stage
     "specd_step_tokens": "histogram",
+    "specd_step_seconds": "histogram",  # one observation per step (stalls)
     "specd_num_requests_running": "gauge",
     "specd_num_requests_waiting": "gauge",
     "specd_kv_cache_usage_ratio": "gauge",

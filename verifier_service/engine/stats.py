@@ -41,6 +41,7 @@ class StepStats:
     """What one engine step did and how long each stage took."""
 
     stage_seconds: dict[str, float] = field(default_factory=dict)  # schedule / propose / score / verify / update
+    seconds: float = 0.0  # the whole step, whatever its stages
     forward_tokens: list[int] = field(default_factory=list)  # tokens fed to each forward this step launched
     num_graph_replays: int = 0  # of those forwards, the ones replayed from a captured CUDA graph
     num_output_tokens: int = 0  # tokens emitted to callers
@@ -65,12 +66,15 @@ class StepStatsLog:
     def __init__(self, max_steps: int = 4096) -> None:
         self._steps: deque[StepStats] = deque(maxlen=max_steps)
         self.current = StepStats()
+        self._began = time.perf_counter()
 
     def begin(self) -> StepStats:
         self.current = StepStats()
+        self._began = time.perf_counter()
         return self.current
 
     def end(self) -> None:
+        self.current.seconds = time.perf_counter() - self._began
         self._steps.append(self.current)
 
     def take(self) -> list[StepStats]:

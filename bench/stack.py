@@ -1,0 +1,311 @@
+"""The whole stack against its own engine, side by side in one run, as users meet it.
+
+    python bench/stack.py                                   # the default model, CPU or GPU, 1 and 16 clients
+    python bench/stack.py --clients 1 16 64 256 --num-requests 512          # the GPU table of docs/BENCHMARKS.md
+    python bench/stack.py --clients 1 --ks 0 4 --hf                         # plus Hugging Face at batch 1
+
+It starts `specd up` (the default model's real weights unless --model says otherwise; drafter memory off unless
+--draft-memory-scope, so repeated prompts do not help) and sends chat completions of ordinary instruction traffic
+(bench/instruction_prompts.py) as streaming HTTP requests from closed-loop clients (bench/sse_load.py), greedy,
+`--max-tokens` each, at each client count with speculation off (num_speculative_tokens 0) and on (each k of --ks).
+Then the engine alone runs in this process on exactly the same requests (the gateway's own tokenization of the
+same messages, the verifier's own engine config, the drafter's rule in process), as many at a time as there were
+clients. Each row reports output tok/s, TTFT and inter-event latency (one event per step that emitted text for the
+request) p50 / p99, request latency p50 / p99, errors, tokens per step and accepted / proposed, the verifier's stage
+means per step and each process's CPU microseconds per output token. Results go to --out as JSON lines; a short
+table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from instruction_prompts import instruction_prompts
+from sse_load import StreamRecord, chat_body, run_load
+
+STAGES = ("schedule", "propose", "score", "verify", "update")
+SERVICES = ("gateway", "verifier", "drafter")
+
+
+@dataclass
+class Row:
+    label: str
+    clients: int
+    k: int
+    tokens: int = 0
+    wall: float = 0.0
+    requests: int = 0
+    errors: int = 0
+    ttft: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    stage_ms: dict[str, float] = field(default_factory=dict)  # mean per engine step
+    cpu_us_per_token: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.wall if self.wall else 0.0
+
+
+# ---- the stack's processes and metrics -------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                table[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    while frontier:
+        parent = frontier.pop()
+        kids = [child for child, ppid in table.items() if ppid == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _service_of(pid: int) -> str | None:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    names = [a.decode() for a in argv]
+    if "specd.cli" in names:
+        return next((s for s in SERVICES if s in names), None)
+    return "verifier" if any("multiprocessing" in a for a in names) else None  # engine / rank processes
+
+
+def cpu_seconds(supervisor_pid: int) -> dict[str, float]:
+    """User + system CPU seconds per service of a running `specd up`, its child processes summed in."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(SERVICES, 0.0)
+    for pid in _children(supervisor_pid):
+        service = _service_of(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if service is not None:
+            totals[service] += (int(fields[11]) + int(fields[12])) / ticks
+    return totals
+
+
+def verifier_counters(metrics_url: str) -> dict[str, float]:
+    """The verifier's step-stage sums, step count, and draft counters (for per-run deltas)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "specd_step_stage_seconds_sum":
+                values[sample.labels["stage"]] = sample.value
+            elif sample.name == "specd_step_seconds_count":
+                values["steps"] = sample.value
+            elif sample.name in ("specd_spec_decode_num_draft_tokens_total",
+                                 "specd_spec_decode_num_accepted_tokens_total"):
+                values[sample.name] = sample.value
+    return values
+
+
+def start_stack(args, port_offset: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
+            "--model", args.model, "--device", args.device, "--draft-memory-scope", args.draft_memory_scope,
+            "--max-speculative-tokens", str(max(max(args.ks), 1))] + args.stack_args
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    for line in process.stdout:
+        if line.strip() == "specd: ready":
+            return process
+    raise RuntimeError(f"specd up exited with {process.wait()} before it was ready")
+
+
+# ---- runs ------------------------------------------------------------------------------------------------------
+
+def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str], clients: int, k: int) -> Row:
+    bodies = [chat_body(prompt, args.max_tokens, k) for prompt in prompts[:_num_requests(args, clients)]]
+    before_cpu, before = cpu_seconds(stack.pid), verifier_counters(metrics_url)
+    records, wall = run_load("127.0.0.1", http_port, bodies, clients)
+    after_cpu, after = cpu_seconds(stack.pid), verifier_counters(metrics_url)
+    row = Row("stack", clients, k, wall=wall)
+    _add_records(row, records)
+    steps = max(after.get("steps", 0) - before.get("steps", 0), 1)
+    row.stage_ms = {s: 1000 * (after.get(s, 0) - before.get(s, 0)) / steps for s in STAGES}
+    row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
+    return row
+
+
+def _add_records(row: Row, records: list[StreamRecord]) -> None:
+    for record in records:
+        row.requests += 1
+        if record.error:
+            row.errors += 1
+            continue
+        row.tokens += record.completion_tokens
+        row.steps += record.steps
+        row.draft_tokens += record.draft_tokens
+        row.accepted_tokens += record.accepted_tokens
+        row.latency.append(record.latency)
+        row.gaps += record.gaps
+        if record.ttft is not None:
+            row.ttft.append(record.ttft)
+
+
+def _num_requests(args, clients: int) -> int:
+    return max(args.num_requests, 2 * clients) if clients > 1 else args.batch1_requests
+
+
+def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[Row]:
+    """The engine alone in this process, closed loop, on the stack's requests (the gateway's tokenization)."""
+    from drafter_service.config import DrafterConfig
+    from drafter_service.local import LocalProposer
+    from gateway.tokenizer import Tokenizer
+    from specd.cli import build_parser
+    from specd.default_model import resolve_model_path
+    from specd.options import options_from_args
+    from verifier_service.config import verifier_config_from_options
+    from verifier_service.engine.engine import Engine, build_model_runner
+    from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up
+
+    options = options_from_args(build_parser().parse_args(["verifier", *verifier_options]))
+    config = verifier_config_from_options(options).engine
+    tokenizer = Tokenizer(resolve_model_path(args.model))
+    prompt_ids = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+    runner = build_model_runner(config, drafts=True)
+    rows = []
+    for clients in args.clients:
+        for k in args.ks:
+            proposer = LocalProposer(DrafterConfig(memory_scope=args.draft_memory_scope))
+            engine = Engine(config, proposer, runner)
+            warm_up(engine)
+            freeze_start_up_objects()
+            rows.append(_closed_loop(engine, prompt_ids[:_num_requests(args, clients)], clients, k,
+                                     args.max_tokens, tokenizer.eos_token_ids))
+    return rows
+
+
+def _closed_loop(engine, prompts: list[list[int]], clients: int, k: int, max_tokens: int, eos) -> Row:
+    from verifier_service.engine.sampling_params import SamplingParams
+
+    row, pending = Row("engine", clients, k), list(enumerate(prompts))[::-1]
+    live: dict[str, list[float]] = {}  # request id -> [sent, last output time]
+    started = time.perf_counter()
+
+    def add() -> None:
+        index, prompt = pending.pop()
+        engine.add_request(str(index), prompt, SamplingParams(max_tokens=max_tokens, num_speculative_tokens=k,
+                                                              stop_token_ids=tuple(eos)))
+        live[str(index)] = [time.perf_counter(), 0.0]
+
+    while pending and len(live) < clients:
+        add()
+    while live:
+        outputs = engine.step()
+        now = time.perf_counter()
+        for output in outputs:
+            sent, last = live[output.request_id]
+            if output.new_token_ids:
+                (row.gaps.append(now - last) if last else row.ttft.append(now - sent))
+                live[output.request_id][1] = now
+            if output.finished:
+                del live[output.request_id]
+                row.requests += 1
+                row.tokens += output.usage.completion_tokens
+                row.steps += output.usage.steps
+                row.draft_tokens += output.usage.draft_tokens
+                row.accepted_tokens += output.usage.accepted_tokens
+                row.latency.append(now - sent)
+                if pending:
+                    add()
+    row.wall = time.perf_counter() - started
+    stats = engine.take_step_stats()
+    if stats:
+        row.stage_ms = {s: 1000 * sum(st.stage_seconds.get(s, 0.0) for st in stats) / len(stats) for s in STAGES}
+    return row
+
+
+# ---- the table -------------------------------------------------------------------------------------------------
+
+def _p(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q) * 1000) if values else float("nan")
+
+
+def print_table(rows: list[Row]) -> None:
+    engine = {(r.clients, r.k): r for r in rows if r.label == "engine"}
+    plain = {(r.label, r.clients): r for r in rows if r.k == 0}
+    print(f"\n{'run':<16}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
+          f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}  {'stage ms propose/score/verify':<30}"
+          f"{'CPU us/token gw/ver/dr':>24}")
+    for r in rows:
+        versus_engine = engine.get((r.clients, r.k))
+        versus_plain = plain.get((r.label, r.clients))
+        cpu = "/".join(f"{r.cpu_us_per_token[s]:.0f}" for s in SERVICES) if r.cpu_us_per_token else "-"
+        stages = "/".join(f"{r.stage_ms.get(s, 0):.2f}" for s in ("propose", "score", "verify"))
+        print(f"{r.label + f' c={r.clients} k={r.k}':<16}{r.tokens_per_second:>9.0f}"
+              f"{r.tokens_per_second / versus_engine.tokens_per_second if versus_engine and r.label == 'stack' else float('nan'):>8.2f}"
+              f"{r.tokens_per_second / versus_plain.tokens_per_second if versus_plain and r.k else float('nan'):>6.2f}"
+              f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
+              f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
+              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}  {stages:<30}{cpu:>24}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--ks", type=int, nargs="+", default=[0, 4], help="0 = speculation off")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--num-requests", type=int, default=64, help="requests per run with several clients "
+                                                                     "(at least 2 per client)")
+    parser.add_argument("--batch1-requests", type=int, default=12, help="requests per run with one client")
+    parser.add_argument("--draft-memory-scope", default="off", choices=["global", "per-key", "off"])
+    parser.add_argument("--port-offset", type=int, default=800)
+    parser.add_argument("--no-engine", action="store_true", help="the stack only")
+    parser.add_argument("--out", default="stack_results.jsonl")
+    parser.add_argument("stack_args", nargs="*", help="more `specd up` options, after --")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    from specd.options import GATEWAY_PORTS, VERIFIER_PORTS
+
+    prompts = instruction_prompts(max(_num_requests(args, c) for c in args.clients))
+    rows: list[Row] = []
+    stack = start_stack(args, args.port_offset)
+    try:
+        http_port = GATEWAY_PORTS[1] + args.port_offset
+        metrics_url = f"http://127.0.0.1:{VERIFIER_PORTS[1] + args.port_offset}/metrics"
+        for clients in args.clients:
+            for k in args.ks:
+                rows.append(stack_run(args, stack, http_port, metrics_url, prompts, clients, k))
+                print_table(rows[-1:])
+    finally:
+        os.killpg(stack.pid, 2)
+        stack.wait(timeout=60)
+    if not args.no_engine:
+        verifier_options = ["--model", args.model, "--device", args.device,
+                            "--max-speculative-tokens", str(max(max(args.ks), 1)), *args.stack_args]
+        rows += engine_runs(args, prompts, verifier_options)
+    with open(args.out, "w") as out:
+        for row in rows:
+            out.write(json.dumps({**asdict(row), "tokens_per_second": row.tokens_per_second}) + "\n")
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
