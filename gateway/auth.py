@@ -18,6 +18,25 @@ def bearer_matches(header: str | None, api_key: str) -> bool:
     return hmac.compare_digest(header[len("Bearer "):].encode(), api_key.encode())
 
 
+class ApiKeyMiddleware:
+    """The HTTP side: a plain ASGI middleware that answers 401 (an OpenAI error object) without the right key,
+    /health and /metrics open. (Starlette's BaseHTTPMiddleware would run every streamed chunk through its own
+    memory streams: a fifth of the gateway's CPU per token.)"""
+
+    def __init__(self, app, api_key: str, on_refused: Callable[[str], None], refusal) -> None:
+        """`refusal` is the ASGI response sent instead (built by the HTTP front end)."""
+        self.app, self.api_key, self.on_refused, self.refusal = app, api_key, on_refused, refusal
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_HTTP_PATHS:
+            return await self.app(scope, receive, send)
+        header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+        if bearer_matches(header.decode("latin-1") if header is not None else None, self.api_key):
+            return await self.app(scope, receive, send)
+        self.on_refused(grpc.StatusCode.UNAUTHENTICATED.name)
+        await self.refusal(scope, receive, send)
+
+
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """Refuses gRPC calls without the right key with UNAUTHENTICATED (health and reflection stay open)."""
 

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from specd.v1 import common_pb2, gateway_pb2, verifier_pb2
-from gateway.request import (GenerationRequest, ReplicaLoad, SentLogprobs, TextChunk, TokenCandidate, TokenLogprobs,
-                             Usage, VerifierChunk)
+from gateway.request import GenerationRequest, ReplicaLoad, SentLogprobs, TextChunk, TokenCandidate, Usage
 from gateway.validation import RequestFields
 
 _OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -55,26 +54,10 @@ def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb
         tenant_key=request.tenant_key)
 
 
-def usage_from_pb(message: common_pb2.Usage) -> Usage:
-    return Usage(prompt_tokens=message.prompt_tokens, completion_tokens=message.completion_tokens,
-                 draft_tokens=message.draft_tokens, accepted_tokens=message.accepted_tokens,
-                 steps=message.steps, num_speculative_tokens=message.num_speculative_tokens)
-
-
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:
     return common_pb2.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                             draft_tokens=usage.draft_tokens, accepted_tokens=usage.accepted_tokens,
                             steps=usage.steps, num_speculative_tokens=usage.num_speculative_tokens)
-
-
-def chunk_from_verifier(message: verifier_pb2.VerifierGenerateResponse) -> VerifierChunk:
-    """One verifier step as a domain chunk."""
-    usage = usage_from_pb(message.usage) if message.HasField("usage") else None
-    logprobs = tuple(TokenLogprobs(entry.chosen.token_id, entry.chosen.logprob,
-                                   tuple((top.token_id, top.logprob) for top in entry.top))
-                     for entry in message.logprobs)
-    return VerifierChunk(token_ids=tuple(message.token_ids), finish_reason=message.finish_reason,
-                         usage=usage, logprobs=logprobs, seed=message.seed if message.HasField("seed") else None)
 
 
 def generate_response(chunk: TextChunk) -> gateway_pb2.GenerateResponse:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from gateway import openai_responses as responses
-from gateway.auth import OPEN_HTTP_PATHS, bearer_matches
+from gateway.auth import ApiKeyMiddleware
 from gateway.choices import best, collect, interleaved, sample_requests, total_usage
 from gateway.http_body import read_json_object
 from gateway.http_errors import ClientGone, install_error_handlers
@@ -32,16 +32,10 @@ def create_app(pipeline: Pipeline, api_key: str | None = None,
                request_timeout_seconds: float | None = None) -> FastAPI:
     """The HTTP app around `pipeline`; with `api_key`, /v1/* requires `authorization: Bearer <key>`."""
     app = FastAPI(title="specd gateway", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if api_key is None or request.url.path in OPEN_HTTP_PATHS:
-            return await call_next(request)
-        if bearer_matches(request.headers.get("authorization"), api_key):
-            return await call_next(request)
-        pipeline.metrics.count_rejected("UNAUTHENTICATED")
-        return JSONResponse(responses.error_body("missing or wrong API key", "authentication_error"), 401)
-
+    if api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, on_refused=pipeline.metrics.count_rejected,
+                           refusal=JSONResponse(responses.error_body("missing or wrong API key",
+                                                                     "authentication_error"), 401))
     install_error_handlers(app, pipeline.metrics)
 
     @app.post("/v1/completions")

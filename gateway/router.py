@@ -1,6 +1,7 @@
 """Routes each request to the least-loaded healthy verifier replica, failing over before the first token.
 
-A background task polls every replica's grpc health and Verifier.GetLoad. A request goes to the
+A background task polls every replica's grpc health and Verifier.GetLoad. Requests reach a replica over
+one Serve stream per replica (gateway/verifier_stream.py). A request goes to the
 healthy replica with the least load (the requests this gateway has in flight on it, plus those its
 last load report shows from other callers; ties go round-robin). If the call fails with a retryable
 status, the request is sent to another replica: before its first token as it was, after it as a
@@ -21,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway import convert
 from gateway.request import GenerationRequest, ReplicaLoad, VerifierChunk
 from gateway.resume import StreamProgress
+from gateway.verifier_stream import UpstreamError, VerifierStream
 from specd.serving import TlsConfig, open_channel
 from specd.v1 import verifier_pb2_grpc
 
@@ -34,15 +36,6 @@ RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOUR
                              grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
 
 
-class UpstreamError(Exception):
-    """The verifier call failed; `code` is the grpc status to report to the client."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 class Replica:
     """One verifier address: its channel, last load report, health, and this gateway's calls on it."""
 
@@ -51,6 +44,7 @@ class Replica:
         self.channel = open_channel(address, tls)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.stream = VerifierStream(self.stub, address)
         self.healthy = False
         self.load = ReplicaLoad()
         self.in_flight = 0
@@ -113,6 +107,8 @@ class Router:
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
+        for replica in self.replicas:
+            await replica.stream.close()
         await asyncio.gather(*(replica.channel.close() for replica in self.replicas))
 
     async def poll(self) -> None:
@@ -182,15 +178,22 @@ class Router:
         timeout = None if deadline is None else deadline - asyncio.get_running_loop().time()
         if timeout is not None and timeout <= 0:
             raise UpstreamError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before dispatch")
-        call = replica.stub.Generate(message, timeout=timeout)
+        updates = replica.stream.start(message, timeout)
         replica.in_flight += 1
         try:
-            async for response in call:
-                yield convert.chunk_from_verifier(response)
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                replica.healthy = False  # until the next poll says otherwise
-            raise UpstreamError(error.code(), f"verifier {replica.address}: {error.details()}") from error
+            while True:
+                async with asyncio.timeout_at(deadline):
+                    update = await updates.get()
+                if isinstance(update, UpstreamError):
+                    if update.code == grpc.StatusCode.UNAVAILABLE:
+                        replica.healthy = False  # until the next poll says otherwise
+                    raise update
+                yield update
+                if update.finish_reason:
+                    return
+        except TimeoutError:
+            raise UpstreamError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"verifier {replica.address}: deadline exceeded") from None
         finally:
             replica.in_flight -= 1
-            call.cancel()  # a no-op when the call finished; aborts the verifier request when we stop early
+            replica.stream.abort(message.request_id)  # a no-op when it finished; stops it when we stop early

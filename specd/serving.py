@@ -238,15 +238,18 @@ class GrpcServer:
     def __init__(self, config: ServerConfig, *, service_names: Sequence[str],
                  register: Callable[[grpc.aio.Server], None],
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 registry: prometheus_client.CollectorRegistry = prometheus_client.REGISTRY) -> None:
+                 registry: prometheus_client.CollectorRegistry = prometheus_client.REGISTRY,
+                 on_drain: Callable[[], None] = lambda: None) -> None:
         """`service_names` are full names ("specd.v1.Drafter"); `register` adds the servicers.
 
-        `interceptors` run after the error-mapping one (e.g. the gateway's API-key check).
+        `interceptors` run after the error-mapping one (e.g. the gateway's API-key check); `on_drain` runs when a
+        stop begins, before in-flight calls are given their grace (long-lived streams learn to wind down).
         """
         self.config = config
         self.service_names = tuple(service_names)
         self._register = register
         self._interceptors = (ErrorMappingInterceptor(), *interceptors)
+        self._on_drain = on_drain
         self._registry = registry
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -324,6 +327,7 @@ class GrpcServer:
             return
         grace = self.config.grace_seconds if grace is None else grace
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._on_drain()
         await self._server.stop(grace)
         self._server = None
         self._stop_metrics()

@@ -86,6 +86,43 @@ def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.
     return response
 
 
+def serve_response(outputs: list[RequestOutput], first_ids: set[str],
+                   errors: list[tuple[str, int, str]] = ()) -> verifier_pb2.ServeResponse:
+    """One Serve stream message, columns filled from the outputs of a step (and `errors`: request id, grpc
+    status code, message, each that request's last update); the seed where a request's id is in `first_ids`."""
+    request_ids, counts, tokens, finish_reasons = [], [], [], []
+    usage_columns: tuple[list[int], ...] = ([], [], [], [], [], [])
+    response = verifier_pb2.ServeResponse()
+    for index, output in enumerate(outputs):
+        request_ids.append(output.request_id)
+        counts.append(len(output.new_token_ids))
+        tokens += output.new_token_ids
+        finish_reasons.append(output.finish_reason.value if output.finish_reason is not None else "")
+        usage = output.usage
+        for column, value in zip(usage_columns, (usage.prompt_tokens, usage.completion_tokens, usage.draft_tokens,
+                                                 usage.accepted_tokens, usage.steps, usage.num_speculative_tokens)):
+            column.append(value)
+        if output.seed is not None and output.request_id in first_ids:
+            response.seeds[index] = output.seed
+        if output.logprobs is not None:
+            response.logprobs[index].entries.extend(token_logprobs_to_proto(entry) for entry in output.logprobs)
+    for request_id, code, message in errors:
+        response.errors[len(request_ids)].CopyFrom(verifier_pb2.RequestError(code=code, message=message))
+        request_ids.append(request_id)
+        counts.append(0)
+        finish_reasons.append("")
+        for column in usage_columns:
+            column.append(0)
+    response.request_ids.extend(request_ids)
+    response.token_counts.extend(counts)
+    response.token_ids.extend(tokens)
+    response.finish_reasons.extend(finish_reasons)
+    for field, column in zip(("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "steps",
+                              "num_speculative_tokens"), usage_columns):
+        getattr(response, field).extend(column)
+    return response
+
+
 def token_logprobs_to_proto(entry: TokenLogprobs) -> common_pb2.TokenLogprobs:
     top = [common_pb2.TokenLogprob(token_id=token_id, logprob=logprob) for token_id, logprob in entry.top]
     return common_pb2.TokenLogprobs(chosen=common_pb2.TokenLogprob(token_id=entry.token_id, logprob=entry.logprob),

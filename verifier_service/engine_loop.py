@@ -2,9 +2,10 @@
 
 Only this thread steps the engine: callers on the event loop enqueue additions (and aborts of requests the
 thread is still adding; other aborts go to the engine at once), the thread drains them between steps, calls
-`step()` while there is work and sleeps on an event when idle. Each RequestOutput goes to its request's asyncio.Queue through
-`loop.call_soon_threadsafe`. A failure while adding a request is delivered to that request's queue
-as the exception; a failure inside `step()` is delivered to every live request.
+`step()` while there is work and sleeps on an event when idle. A request's outputs go to the asyncio.Queue it was added
+with, which several requests may share (one Serve stream's); after each step every queue gets one list, of its
+requests' outputs, through one `loop.call_soon_threadsafe`. A failure while adding a request is delivered on its queue
+as a RequestFailed; a failure inside `step()` is delivered so to every live request.
 """
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ logger = logging.getLogger(__name__)
 
 class DuplicateRequestId(ValueError):
     """A request id already live on this verifier."""
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    """On a request's queue instead of an output: the engine could not add it, or a step failed; its last item."""
+
+    request_id: str
+    error: Exception
 
 
 @dataclass
@@ -62,9 +71,11 @@ class EngineLoop:
         self._wake.set()
         self._thread.join()
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> asyncio.Queue:
-        """Queues a request; its outputs (or an exception) arrive on the returned queue."""
-        queue: asyncio.Queue = asyncio.Queue()
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queues a request; lists of its outputs (ending with the finished one, or a RequestFailed) arrive on
+        `queue` (a new one when None), which is returned."""
+        queue = asyncio.Queue() if queue is None else queue
         with self._lock:
             if request_id in self._queues:
                 raise DuplicateRequestId(f"request_id: {request_id!r} is already running on this verifier")
@@ -149,28 +160,28 @@ class EngineLoop:
             self._fail_all(error)
             return
         self.load = self._engine.load()
-        for output in outputs:
-            self._deliver(output)
+        self._deliver(outputs)
         self._after_step()
 
-    def _deliver(self, output: RequestOutput) -> None:
+    def _deliver(self, items: list[RequestOutput | RequestFailed]) -> None:
+        """Each item to its request's queue: one list per queue, one wake-up of its loop per queue."""
+        lists: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, list]] = {}
         with self._lock:
-            target = (self._queues.pop(output.request_id, None) if output.finished
-                      else self._queues.get(output.request_id))
-        if target is not None:
-            loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, output)
+            for item in items:
+                finished = isinstance(item, RequestFailed) or item.finished
+                target = (self._queues.pop(item.request_id, None) if finished
+                          else self._queues.get(item.request_id))
+                if target is not None:
+                    lists.setdefault(id(target[1]), (*target, []))[2].append(item)
+        for loop, queue, delivered in lists.values():
+            loop.call_soon_threadsafe(queue.put_nowait, delivered)
 
     def _deliver_error(self, request_id: str, error: Exception) -> None:
-        with self._lock:
-            target = self._queues.pop(request_id, None)
-        if target is not None:
-            loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, error)
+        self._deliver([RequestFailed(request_id, error)])
 
     def _fail_all(self, error: Exception) -> None:
         with self._lock:
             request_ids = list(self._queues)
         for request_id in request_ids:
             self._engine.abort(request_id)
-            self._deliver_error(request_id, error)
+        self._deliver([RequestFailed(request_id, error) for request_id in request_ids])

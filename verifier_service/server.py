@@ -52,7 +52,8 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     metrics = VerifierMetrics(registry, num_draft_positions=config.engine.speculative_tokens_limit)
     servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests)
     server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
-                        register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s))
+                        register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
+                        on_drain=servicer.drain)
     await server.start()
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
     loading = _in_daemon_thread(_load_and_warm_up, config, metrics, leave)

@@ -2,14 +2,18 @@
 
 A Generate call is one engine request; its messages are the tokens accepted per step. When the call
 ends early (client cancel, deadline, server drain), the request is aborted so its KV blocks are freed.
+A Serve call carries many requests (serve_stream.py); gateways use it, so that a step costs one message each.
 """
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.convert import ModelLimits, load_to_proto, output_to_proto, request_from_proto
-from verifier_service.engine_loop import DuplicateRequestId, EngineLoop
+from verifier_service.engine_loop import DuplicateRequestId, EngineLoop, RequestFailed
+from verifier_service.serve_stream import ServeStream
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -19,6 +23,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._engine_loop: EngineLoop | None = None
         self._limits: ModelLimits | None = None
         self._max_waiting_requests = max_waiting_requests
+        self._draining = asyncio.Event()
+        self._streams: set[ServeStream] = set()
 
     def attach(self, engine_loop: EngineLoop, limits: ModelLimits) -> None:
         self._engine_loop = engine_loop
@@ -38,16 +44,36 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         finished, first = False, True
         try:
             while not finished:
-                output = await queue.get()
-                if isinstance(output, Exception):
-                    finished = True  # the engine already dropped the request
-                    raise output
-                finished = output.finished
-                yield output_to_proto(output, first)
-                first = False
+                for output in await queue.get():
+                    if isinstance(output, RequestFailed):
+                        finished = True  # the engine already dropped the request
+                        raise output.error
+                    finished = output.finished
+                    yield output_to_proto(output, first)
+                    first = False
         finally:
             if not finished:  # cancelled, deadline passed, or the server is stopping
                 self._engine_loop.abort(request_id)
+
+    async def Serve(self, request_iterator, context: grpc.aio.ServicerContext):
+        if self._engine_loop is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
+        stream = ServeStream(self._engine_loop, self._limits, self._max_waiting_requests, self._draining)
+        self._streams.add(stream)
+        reader = asyncio.ensure_future(stream.read(request_iterator))
+        try:
+            async for response in stream.responses():
+                yield response
+        finally:
+            reader.cancel()
+            stream.close()
+            self._streams.discard(stream)
+
+    def drain(self) -> None:
+        """The server stops taking calls: streams refuse new starts and end once their requests have."""
+        self._draining.set()
+        for stream in self._streams:
+            stream.wake()
 
     async def GetLoad(self, request: verifier_pb2.GetLoadRequest, context: grpc.aio.ServicerContext):
         if self._engine_loop is None:

@@ -25,21 +25,43 @@ _sym_db = _symbol_database.Default()
 from specd.v1 import common_pb2 as specd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specd/v1/verifier.proto\x12\x08specd.v1\x1a\x15specd/v1/common.proto\"\x87\x01\n\x17VerifierGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x12\n\ntenant_key\x18\x04 \x01(\t\"\xab\x01\n\x18VerifierGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x1e\n\x05usage\x18\x03 \x01(\x0b\x32\x0f.specd.v1.Usage\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.specd.v1.TokenLogprobsB\x07\n\x05_seed\"\x10\n\x0eGetLoadRequest\"\xa7\x01\n\nLoadReport\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fnum_used_blocks\x18\x04 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x05 \x01(\r\x12\r\n\x05model\x18\x06 \x01(\t\x12\x15\n\rmax_model_len\x18\x07 \x01(\r2\x9a\x01\n\x08Verifier\x12S\n\x08Generate\x12!.specd.v1.VerifierGenerateRequest\x1a\".specd.v1.VerifierGenerateResponse0\x01\x12\x39\n\x07GetLoad\x12\x18.specd.v1.GetLoadRequest\x1a\x14.specd.v1.LoadReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specd/v1/verifier.proto\x12\x08specd.v1\x1a\x15specd/v1/common.proto\"O\n\x0cServeRequest\x12$\n\x06starts\x18\x01 \x03(\x0b\x32\x14.specd.v1.ServeStart\x12\x19\n\x11\x61\x62ort_request_ids\x18\x02 \x03(\t\"Y\n\nServeStart\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.specd.v1.VerifierGenerateRequest\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"\xd9\x04\n\rServeResponse\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x14\n\x0ctoken_counts\x18\x02 \x03(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x16\n\x0e\x66inish_reasons\x18\x04 \x03(\t\x12\x15\n\rprompt_tokens\x18\x05 \x03(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x03(\r\x12\x14\n\x0c\x64raft_tokens\x18\x07 \x03(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x08 \x03(\r\x12\r\n\x05steps\x18\t \x03(\r\x12\x1e\n\x16num_speculative_tokens\x18\n \x03(\r\x12\x31\n\x05seeds\x18\x0b \x03(\x0b\x32\".specd.v1.ServeResponse.SeedsEntry\x12\x37\n\x08logprobs\x18\x0c \x03(\x0b\x32%.specd.v1.ServeResponse.LogprobsEntry\x12\x33\n\x06\x65rrors\x18\r \x03(\x0b\x32#.specd.v1.ServeResponse.ErrorsEntry\x1a,\n\nSeedsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1aL\n\rLogprobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.specd.v1.TokenLogprobsList:\x02\x38\x01\x1a\x45\n\x0b\x45rrorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.specd.v1.RequestError:\x02\x38\x01\"=\n\x11TokenLogprobsList\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.specd.v1.TokenLogprobs\"-\n\x0cRequestError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x87\x01\n\x17VerifierGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x12\n\ntenant_key\x18\x04 \x01(\t\"\xab\x01\n\x18VerifierGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x1e\n\x05usage\x18\x03 \x01(\x0b\x32\x0f.specd.v1.Usage\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.specd.v1.TokenLogprobsB\x07\n\x05_seed\"\x10\n\x0eGetLoadRequest\"\xa7\x01\n\nLoadReport\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fnum_used_blocks\x18\x04 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x05 \x01(\r\x12\r\n\x05model\x18\x06 \x01(\t\x12\x15\n\rmax_model_len\x18\x07 \x01(\r2\xd8\x01\n\x08Verifier\x12S\n\x08Generate\x12!.specd.v1.VerifierGenerateRequest\x1a\".specd.v1.VerifierGenerateResponse0\x01\x12\x39\n\x07GetLoad\x12\x18.specd.v1.GetLoadRequest\x1a\x14.specd.v1.LoadReport\x12<\n\x05Serve\x12\x16.specd.v1.ServeRequest\x1a\x17.specd.v1.ServeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specd.v1.verifier_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERIFIERGENERATEREQUEST']._serialized_start=61
-  _globals['_VERIFIERGENERATEREQUEST']._serialized_end=196
-  _globals['_VERIFIERGENERATERESPONSE']._serialized_start=199
-  _globals['_VERIFIERGENERATERESPONSE']._serialized_end=370
-  _globals['_GETLOADREQUEST']._serialized_start=372
-  _globals['_GETLOADREQUEST']._serialized_end=388
-  _globals['_LOADREPORT']._serialized_start=391
-  _globals['_LOADREPORT']._serialized_end=558
-  _globals['_VERIFIER']._serialized_start=561
-  _globals['_VERIFIER']._serialized_end=715
+  _globals['_SERVERESPONSE_SEEDSENTRY']._loaded_options = None
+  _globals['_SERVERESPONSE_SEEDSENTRY']._serialized_options = b'8\001'
+  _globals['_SERVERESPONSE_LOGPROBSENTRY']._loaded_options = None
+  _globals['_SERVERESPONSE_LOGPROBSENTRY']._serialized_options = b'8\001'
+  _globals['_SERVERESPONSE_ERRORSENTRY']._loaded_options = None
+  _globals['_SERVERESPONSE_ERRORSENTRY']._serialized_options = b'8\001'
+  _globals['_SERVEREQUEST']._serialized_start=60
+  _globals['_SERVEREQUEST']._serialized_end=139
+  _globals['_SERVESTART']._serialized_start=141
+  _globals['_SERVESTART']._serialized_end=230
+  _globals['_SERVERESPONSE']._serialized_start=233
+  _globals['_SERVERESPONSE']._serialized_end=834
+  _globals['_SERVERESPONSE_SEEDSENTRY']._serialized_start=641
+  _globals['_SERVERESPONSE_SEEDSENTRY']._serialized_end=685
+  _globals['_SERVERESPONSE_LOGPROBSENTRY']._serialized_start=687
+  _globals['_SERVERESPONSE_LOGPROBSENTRY']._serialized_end=763
+  _globals['_SERVERESPONSE_ERRORSENTRY']._serialized_start=765
+  _globals['_SERVERESPONSE_ERRORSENTRY']._serialized_end=834
+  _globals['_TOKENLOGPROBSLIST']._serialized_start=836
+  _globals['_TOKENLOGPROBSLIST']._serialized_end=897
+  _globals['_REQUESTERROR']._serialized_start=899
+  _globals['_REQUESTERROR']._serialized_end=944
+  _globals['_VERIFIERGENERATEREQUEST']._serialized_start=947
+  _globals['_VERIFIERGENERATEREQUEST']._serialized_end=1082
+  _globals['_VERIFIERGENERATERESPONSE']._serialized_start=1085
+  _globals['_VERIFIERGENERATERESPONSE']._serialized_end=1256
+  _globals['_GETLOADREQUEST']._serialized_start=1258
+  _globals['_GETLOADREQUEST']._serialized_end=1274
+  _globals['_LOADREPORT']._serialized_start=1277
+  _globals['_LOADREPORT']._serialized_end=1444
+  _globals['_VERIFIER']._serialized_start=1447
+  _globals['_VERIFIER']._serialized_end=1663
 # @@protoc_insertion_point(module_scope)

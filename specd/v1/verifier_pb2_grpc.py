@@ -45,6 +45,11 @@ class VerifierStub:
                 request_serializer=specd_dot_v1_dot_verifier__pb2.GetLoadRequest.SerializeToString,
                 response_deserializer=specd_dot_v1_dot_verifier__pb2.LoadReport.FromString,
                 _registered_method=True)
+        self.Serve = channel.stream_stream(
+                '/specd.v1.Verifier/Serve',
+                request_serializer=specd_dot_v1_dot_verifier__pb2.ServeRequest.SerializeToString,
+                response_deserializer=specd_dot_v1_dot_verifier__pb2.ServeResponse.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -66,6 +71,17 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Serve(self, request_iterator, context):
+        """/ Many requests over one long-lived stream, as a gateway sends them. Upstream messages start and abort
+        / requests; each downstream message carries this stream's news from one engine step (every request that
+        / gained tokens, finished or failed), so a step costs one message per gateway, not one per request. A
+        / request's news is what Generate would stream for it. Requests still live when the stream ends are aborted;
+        / while the verifier drains, new starts fail with UNAVAILABLE and the stream ends once its requests have.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +94,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.GetLoad,
                     request_deserializer=specd_dot_v1_dot_verifier__pb2.GetLoadRequest.FromString,
                     response_serializer=specd_dot_v1_dot_verifier__pb2.LoadReport.SerializeToString,
+            ),
+            'Serve': grpc.stream_stream_rpc_method_handler(
+                    servicer.Serve,
+                    request_deserializer=specd_dot_v1_dot_verifier__pb2.ServeRequest.FromString,
+                    response_serializer=specd_dot_v1_dot_verifier__pb2.ServeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +156,33 @@ class Verifier:
             '/specd.v1.Verifier/GetLoad',
             specd_dot_v1_dot_verifier__pb2.GetLoadRequest.SerializeToString,
             specd_dot_v1_dot_verifier__pb2.LoadReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Serve(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specd.v1.Verifier/Serve',
+            specd_dot_v1_dot_verifier__pb2.ServeRequest.SerializeToString,
+            specd_dot_v1_dot_verifier__pb2.ServeResponse.FromString,
             options,
             channel_credentials,
             insecure,

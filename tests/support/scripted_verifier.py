@@ -77,23 +77,88 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
             if self.hold_after_steps is not None and index == self.hold_after_steps:
                 await asyncio.Event().wait()  # until the call is cancelled
             last = index == len(steps) - 1
+            sent, done = sum(len(s) for s in steps[:index + 1]), index + 1  # counts so far, totals on the last
             usage = common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
-                                     completion_tokens=len(tokens), draft_tokens=2 * len(steps),
-                                     accepted_tokens=len(tokens) - len(steps), steps=len(steps),
+                                     completion_tokens=sent, draft_tokens=2 * done,
+                                     accepted_tokens=sent - done, steps=done,
                                      num_speculative_tokens=min(asked_k, 8) if asked_k is not None else 4)
             first = index * self.tokens_per_step
             logprobs_seed = sampling.seed if sampling.HasField("seed") else 0
             logprobs = ([scripted_logprobs(first + i, token, sampling.logprobs, logprobs_seed)
                          for i, token in enumerate(step)] if sampling.HasField("logprobs") else None)
             yield verifier_pb2.VerifierGenerateResponse(
-                token_ids=step, finish_reason=finish_reason if last else "", usage=usage if last else None,
+                token_ids=step, finish_reason=finish_reason if last else "", usage=usage,
                 logprobs=logprobs, seed=seed if index == 0 else None)
             await asyncio.sleep(0)  # let cancellations in between steps, as a real engine would
+
+    async def Serve(self, request_iterator, context):
+        """The gateway's way in: each start runs as Generate would, its messages sent in columns."""
+        outbox: asyncio.Queue = asyncio.Queue()  # (request_id, VerifierGenerateResponse | None, error code | None)
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def run(start) -> None:
+            request = start.request
+            self.requests.append(request)
+            self.time_remaining.append(start.timeout_seconds or None)
+            if self.fail_with is not None:
+                outbox.put_nowait((request.request_id, None, self.fail_with))
+                return
+            self.live += 1
+            try:
+                async for message in self._steps(request):
+                    outbox.put_nowait((request.request_id, message, None))
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+            finally:
+                self.live -= 1
+
+        async def read() -> None:
+            async for message in request_iterator:
+                for start in message.starts:
+                    tasks[start.request.request_id] = asyncio.create_task(run(start))
+                for request_id in message.abort_request_ids:
+                    if request_id in tasks:
+                        tasks.pop(request_id).cancel()
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                items = [await outbox.get()]
+                while not outbox.empty():
+                    items.append(outbox.get_nowait())
+                yield _columns(items)
+        finally:
+            reader.cancel()
+            for task in tasks.values():
+                task.cancel()
 
     async def GetLoad(self, request, context):
         return verifier_pb2.LoadReport(num_running=self.live + self.reported_running, num_waiting=0,
                                        kv_cache_usage=0.0, model=self.model,
                                        max_model_len=self.max_model_len)
+
+
+def _columns(items) -> verifier_pb2.ServeResponse:
+    """A ServeResponse of (request id, Generate's message or None, grpc status code or None) items."""
+    response = verifier_pb2.ServeResponse()
+    for index, (request_id, message, code) in enumerate(items):
+        response.request_ids.append(request_id)
+        if code is not None:
+            response.errors[index].CopyFrom(verifier_pb2.RequestError(code=code.value[0], message="scripted failure"))
+            message = verifier_pb2.VerifierGenerateResponse()
+        response.token_counts.append(len(message.token_ids))
+        response.token_ids.extend(message.token_ids)
+        response.finish_reasons.append(message.finish_reason)
+        usage = message.usage
+        for field in ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "steps",
+                      "num_speculative_tokens"):
+            getattr(response, field).append(getattr(usage, field))
+        if message.HasField("seed"):
+            response.seeds[index] = message.seed
+        if message.logprobs:
+            response.logprobs[index].entries.extend(message.logprobs)
+    return response
 
 
 def scripted_logprobs(position: int, token_id: int, num_top: int, seed: int = 0) -> common_pb2.TokenLogprobs:

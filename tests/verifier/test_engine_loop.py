@@ -24,7 +24,7 @@ async def test_a_request_aborted_before_the_thread_took_it_never_reaches_the_eng
     loop.start()
     try:
         follower = loop.add("follower", [4, 5], SamplingParams(max_tokens=2))
-        while not (await follower.get()).finished:  # the thread has applied everything queued before it
+        while not (await follower.get())[-1].finished:  # the thread has applied everything queued before it
             pass
         assert not loop.engine.has_unfinished_requests()
         assert loop.load.num_used_blocks == 0
@@ -78,7 +78,7 @@ async def test_an_abort_during_a_step_frees_the_request_at_once_and_keeps_it_out
             assert (load.num_running, load.num_used_blocks) == (0, 0)
         runner.open()
         follower = loop.add("follower", [4, 5], SamplingParams(max_tokens=2))
-        while not (await follower.get()).finished:
+        while not (await follower.get())[-1].finished:
             pass
         assert runner.forwards[0] == ["cancelled"]
         assert all("cancelled" not in forward for forward in runner.forwards[1:]), runner.forwards
@@ -105,4 +105,20 @@ async def test_requests_the_thread_has_added_count_in_the_load_before_the_next_s
         assert load.num_running + load.num_waiting + num_pending == 3, (load, num_pending)
     finally:
         runner.open()
+        loop.stop()
+
+
+async def test_requests_sharing_a_queue_get_one_list_per_step():
+    """A Serve stream's requests share one queue: each step puts one list there, with every request's output."""
+    loop = engine_loop()
+    shared: asyncio.Queue = asyncio.Queue()
+    loop.add("a", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True), shared)
+    loop.add("b", [4, 5], SamplingParams(max_tokens=5, ignore_eos=True), shared)
+    loop.start()
+    try:
+        lists = []
+        while sum(output.finished for items in lists for output in items) < 2:
+            lists.append(await asyncio.wait_for(shared.get(), 10))
+        assert [sorted(output.request_id for output in items) for items in lists] == [["a", "b"]] * 5
+    finally:
         loop.stop()

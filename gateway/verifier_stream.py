@@ -1,0 +1,138 @@
+"""A gateway's one Serve stream to a verifier replica (protos/specd/v1/verifier.proto), shared by all its requests.
+
+`start()` sends a request and returns the queue its updates arrive on; `abort()` stops it. Starts and aborts that
+pile up while a write is under way leave together in the next message. One task reads the stream and hands each
+request its update from every (columnar) message: a step costs one gRPC message per gateway, not one per request.
+The stream opens on first use; if it ends or breaks, every request on it gets an UpstreamError with its status
+(UNAVAILABLE when it simply ended), so the router resumes it on another replica, and the next start opens a new one.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from gateway.request import TokenLogprobs, Usage, VerifierChunk
+from specd.v1 import verifier_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class UpstreamError(Exception):
+    """The verifier call failed; `code` is the grpc status to report to the client."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class VerifierStream:
+    def __init__(self, stub, address: str) -> None:
+        self._stub, self.address = stub, address
+        self._call = None
+        self._live: dict[str, asyncio.Queue] = {}  # request id -> its updates (VerifierChunk | UpstreamError)
+        self._starts: list[verifier_pb2.ServeStart] = []
+        self._aborts: list[str] = []
+        self._pending = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self, request: verifier_pb2.VerifierGenerateRequest, timeout: float | None) -> asyncio.Queue:
+        """Sends `request`; its updates, ending with a finish_reason or an UpstreamError, arrive on the queue."""
+        if self._call is None:
+            self._open()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._live[request.request_id] = queue
+        self._starts.append(verifier_pb2.ServeStart(request=request, timeout_seconds=timeout or 0.0))
+        self._pending.set()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Stops a live request (a no-op for one that has finished)."""
+        if self._live.pop(request_id, None) is not None and self._call is not None:
+            self._aborts.append(request_id)
+            self._pending.set()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._call is not None:
+            self._call.cancel()
+
+    def _open(self) -> None:
+        self._call = self._stub.Serve()
+        self._tasks = [asyncio.create_task(self._write(self._call)), asyncio.create_task(self._read(self._call))]
+
+    async def _write(self, call) -> None:
+        while True:
+            await self._pending.wait()
+            self._pending.clear()
+            starts, self._starts = self._starts, []
+            aborts, self._aborts = self._aborts, []
+            try:
+                await call.write(verifier_pb2.ServeRequest(starts=starts, abort_request_ids=aborts))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return  # the reader sees the stream end and fails its requests
+
+    async def _read(self, call) -> None:
+        code, details = grpc.StatusCode.UNAVAILABLE, "the stream ended"
+        try:
+            async for response in call:
+                self._dispatch(response)
+        except grpc.aio.AioRpcError as error:
+            code, details = error.code(), error.details()
+        except asyncio.CancelledError:
+            code, details = grpc.StatusCode.CANCELLED, "the gateway is closing"
+            raise
+        finally:
+            self._end(call, code, f"verifier {self.address}: {details}")
+
+    def _end(self, call, code: grpc.StatusCode, message: str) -> None:
+        if self._call is call:
+            self._call = None
+            for task in self._tasks:
+                if task is not asyncio.current_task():
+                    task.cancel()
+            self._starts, self._aborts = [], []
+        live, self._live = self._live, {}
+        for queue in live.values():
+            queue.put_nowait(UpstreamError(code, message))
+        if live:
+            logger.warning("stream to verifier %s ended (%s) with %d requests live", self.address, code.name, len(live))
+
+    def _dispatch(self, response: verifier_pb2.ServeResponse) -> None:
+        position = 0
+        for index, request_id in enumerate(response.request_ids):
+            count = response.token_counts[index]
+            tokens = tuple(response.token_ids[position:position + count])
+            position += count
+            queue = self._live.get(request_id)
+            if queue is None:
+                continue  # aborted here since
+            if index in response.errors:
+                error = response.errors[index]
+                del self._live[request_id]
+                queue.put_nowait(UpstreamError(_STATUS_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),
+                                               f"verifier {self.address}: {error.message}"))
+                continue
+            finish_reason = response.finish_reasons[index]
+            if finish_reason:
+                del self._live[request_id]
+            queue.put_nowait(VerifierChunk(
+                token_ids=tokens, finish_reason=finish_reason,
+                usage=Usage(response.prompt_tokens[index], response.completion_tokens[index],
+                            response.draft_tokens[index], response.accepted_tokens[index], response.steps[index],
+                            response.num_speculative_tokens[index]),
+                logprobs=_logprobs(response, index), seed=response.seeds.get(index)))
+
+
+def _logprobs(response: verifier_pb2.ServeResponse, index: int) -> tuple[TokenLogprobs, ...]:
+    if index not in response.logprobs:
+        return ()
+    return tuple(TokenLogprobs(entry.chosen.token_id, entry.chosen.logprob,
+                               tuple((top.token_id, top.logprob) for top in entry.top))
+                 for entry in response.logprobs[index].entries)
+
+
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}

@@ -1,0 +1,161 @@
+"""Verifier.Serve over a real gRPC server on loopback: many requests on one stream, a step's news in one message,
+refusals answered on the stream with the status Generate would give, aborts, deadlines, the stream's end and drain."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from support.fake_runner import FakePagedRunner, greedy_reference
+from specd.serving import GrpcServer, ServerConfig, open_channel
+from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.convert import ModelLimits
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.engine import Engine
+from verifier_service.engine_loop import EngineLoop
+from verifier_service.service import VerifierServicer
+
+VOCAB = 32
+MAX_WAITING = 4
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+class Verifier:
+    """A real servicer and engine loop (fake model) behind a real server."""
+
+    async def start(self) -> "Verifier":
+        runner = FakePagedRunner(num_blocks=400, block_size=4, vocab_size=VOCAB, max_model_len=1024)
+        self.loop = EngineLoop(Engine(EngineConfig(num_speculative_tokens=0, max_num_seqs=2), runner=runner))
+        self.servicer = VerifierServicer(max_waiting_requests=MAX_WAITING)
+        self.server = GrpcServer(ServerConfig(host="127.0.0.1", port=0, grace_seconds=5),
+                                 service_names=["specd.v1.Verifier"], on_drain=self.servicer.drain,
+                                 register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(self.servicer, s))
+        await self.server.start()
+        self.loop.start()
+        self.servicer.attach(self.loop, ModelLimits("fake", 1024, VOCAB))
+        await self.server.mark_ready()
+        self.channel = open_channel(f"127.0.0.1:{self.server.port}")
+        self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
+        return self
+
+    async def stop(self) -> None:
+        await self.channel.close()
+        await self.server.stop(0)
+        self.loop.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def verifier():
+    verifier = await Verifier().start()
+    yield verifier
+    await verifier.stop()
+
+
+def start(request_id: str, prompt=(1, 2, 3), max_tokens: int = 8, timeout: float = 0.0,
+          **sampling) -> verifier_pb2.ServeStart:
+    params = common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
+    return verifier_pb2.ServeStart(request=verifier_pb2.VerifierGenerateRequest(
+        request_id=request_id, prompt_token_ids=list(prompt), sampling=params), timeout_seconds=timeout)
+
+
+async def collect(call, until: set[str]) -> tuple[dict[str, list[int]], dict[str, tuple[int, str]], list]:
+    """Tokens and errors per request, read until every id of `until` has finished or failed; and the messages."""
+    tokens: dict[str, list[int]] = {}
+    errors: dict[str, tuple[int, str]] = {}
+    messages = []
+    while until - set(errors) - {r for r, t in tokens.items() if r in finished_ids(messages)}:
+        response = await asyncio.wait_for(call.read(), 10)
+        messages.append(response)
+        position = 0
+        for index, request_id in enumerate(response.request_ids):
+            count = response.token_counts[index]
+            tokens.setdefault(request_id, []).extend(response.token_ids[position:position + count])
+            position += count
+            if index in response.errors:
+                errors[request_id] = (response.errors[index].code, response.errors[index].message)
+    return tokens, errors, messages
+
+
+def finished_ids(messages) -> set[str]:
+    return {request_id for message in messages
+            for request_id, reason in zip(message.request_ids, message.finish_reasons) if reason}
+
+
+async def test_requests_of_one_stream_share_each_steps_message(verifier):
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("a", (1, 2, 3)), start("b", (4, 5))]))
+    tokens, errors, messages = await collect(call, {"a", "b"})
+    assert not errors
+    assert tokens == {"a": greedy_reference([1, 2, 3], 8, VOCAB), "b": greedy_reference([4, 5], 8, VOCAB)}
+    assert any(set(m.request_ids) == {"a", "b"} for m in messages)  # one message carried both requests' step
+    last = messages[-1]
+    index = list(last.request_ids).index("b")
+    assert (last.completion_tokens[index], last.finish_reasons[index]) == (8, "length")
+    call.cancel()
+
+
+async def test_a_bad_start_is_refused_by_name_and_the_others_run(verifier):
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("bad", (1, VOCAB + 5)), start("good")]))
+    tokens, errors, _ = await collect(call, {"bad", "good"})
+    assert errors == {"bad": (grpc.StatusCode.INVALID_ARGUMENT.value[0], errors["bad"][1])}
+    assert errors["bad"][1].startswith("prompt_token_ids")
+    assert tokens["good"] == greedy_reference([1, 2, 3], 8, VOCAB)
+    call.cancel()
+
+
+async def test_a_full_queue_is_resource_exhausted_and_a_live_id_already_exists(verifier):
+    """Two requests run (max_num_seqs 2); MAX_WAITING more may wait; beyond that, starts are refused."""
+    call = verifier.stub.Serve()
+    running = [start(f"run{i}", max_tokens=1000) for i in range(2)]
+    waiting = [start(f"wait{i}", max_tokens=1000) for i in range(MAX_WAITING + 2)]
+    await call.write(verifier_pb2.ServeRequest(starts=running))
+    await wait_for(lambda: verifier.loop.load.num_running == 2)
+    await call.write(verifier_pb2.ServeRequest(starts=[start("run0")] + waiting))
+    _, errors, _ = await collect(call, {"wait4", "wait5"})
+    assert {request_id: code for request_id, (code, _) in errors.items()} == {
+        "wait4": grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], "wait5": grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+        "run0": grpc.StatusCode.ALREADY_EXISTS.value[0]}
+    assert verifier.loop.load.num_running + verifier.loop.load.num_waiting == 2 + MAX_WAITING  # the first still runs
+    call.cancel()
+
+
+async def test_an_abort_and_the_streams_end_free_the_engine(verifier):
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("x", max_tokens=500), start("y", max_tokens=500)]))
+    await call.read()
+    await call.write(verifier_pb2.ServeRequest(abort_request_ids=["x"]))
+    await wait_for(lambda: verifier.loop.load.num_running == 1)
+    call.cancel()  # the gateway is gone: what the stream still runs is aborted
+    await wait_for(lambda: verifier.loop.load.num_running == 0 and verifier.loop.load.num_used_blocks == 0)
+
+
+async def test_a_request_past_its_timeout_is_aborted_and_answered_deadline_exceeded(verifier):
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("slow", max_tokens=1000, timeout=0.2)]))
+    _, errors, _ = await collect(call, {"slow"})
+    assert errors["slow"][0] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    await wait_for(lambda: verifier.loop.load.num_running == 0)
+    call.cancel()
+
+
+async def test_a_draining_verifier_refuses_new_starts_and_ends_the_stream_when_its_requests_have(verifier):
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("running", max_tokens=40)]))
+    await call.read()
+    verifier.servicer.drain()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("late")]))
+    tokens, errors, _ = await collect(call, {"running", "late"})
+    assert errors["late"][0] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert "running" not in errors
+    assert await asyncio.wait_for(call.read(), 10) is grpc.aio.EOF  # nothing live: the stream ended
+    assert await call.code() == grpc.StatusCode.OK
+
+
+async def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
