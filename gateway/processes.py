@@ -47,7 +47,7 @@ def serve_processes(config: GatewayConfig) -> None:
     os.environ[MULTIPROCESS_ENV] = metrics_dir  # inherited by the workers, read before they import prometheus_client
     context = multiprocessing.get_context("spawn")
     worker_config = dataclasses.replace(config, processes=1, reuse_port=True)
-    workers = [context.Process(target=_worker, args=(worker_config,), name=f"gateway-{index}")
+    workers = [context.Process(target=_worker, args=(worker_config, os.getpid()), name=f"gateway-{index}")
                for index in range(config.processes)]
     for worker in workers:
         worker.start()
@@ -63,10 +63,12 @@ def serve_processes(config: GatewayConfig) -> None:
         raise GatewayWorkerDied(dead.name, dead.exitcode)
 
 
-def _worker(config: GatewayConfig) -> None:
-    """One gateway process (the spawn target): serves until SIGTERM / SIGINT, then drains."""
+def _worker(config: GatewayConfig, parent_pid: int) -> None:
+    """One gateway process (the spawn target): serves until SIGTERM / SIGINT, then drains; killed with the first
+    process, should that one be killed (its ports must not outlive it: a restarted gateway binds them again)."""
     from gateway.server import serve
 
+    stop_signals.die_with_parent(signal.SIGKILL, parent_pid)
     stop_signals.install()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(name)s: %(message)s")

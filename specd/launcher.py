@@ -7,7 +7,6 @@ service dies, the others are stopped and the supervisor exits non-zero.
 """
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from specd.serving import TlsConfig, open_channel
 MAX_VERIFIERS = DRAFTER_PORTS[0] - VERIFIER_PORTS[0]  # replicas take consecutive ports below the drafter's
 DEFAULT_DRAIN_SECONDS = 10.0  # the gateway's and the verifier's own default (the drafter's is shorter)
 STOP_MARGIN_SECONDS = 10.0  # after a service's drain: closing its engine and channels, the process exit
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -97,10 +95,7 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: a SIGKILLed supervisor must not leave services behind."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the supervisor's own shutdown path still stops the services
-        pass
+    stop_signals.die_with_parent(signal.SIGTERM)
 
 
 class StackSupervisor:

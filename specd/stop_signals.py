@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
 import signal
 from collections.abc import AsyncIterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
 _received: list[int] = []  # list.append takes no lock
 
 
@@ -62,6 +65,17 @@ async def caught() -> AsyncIterator[asyncio.Event]:
                 signal.signal(signum, previous[signum] or signal.SIG_DFL)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def die_with_parent(signum: int, parent_pid: int | None = None) -> None:
+    """This process gets `signum` when its parent dies (Linux; elsewhere a no-op), so a crashed supervisor leaves
+    no service behind. With `parent_pid`, a parent already gone by now ends this process at once."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
+    except OSError:  # not Linux: the supervisor's own shutdown path still stops its children
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def ignore() -> None:
