@@ -243,23 +243,24 @@ def _p(values: list[float], q: float) -> float:
     return float(np.percentile(values, q) * 1000) if values else float("nan")
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(rows: list[Row], flush: bool = False) -> None:
     engine = {(r.clients, r.k): r for r in rows if r.label == "engine"}
-    plain = {(r.label, r.clients): r for r in rows if r.k == 0}
-    print(f"\n{'run':<16}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
+    plain = {(r.label.split()[0], r.clients): r for r in rows if r.k == 0}
+    print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
           f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}")
     for r in rows:
         versus_engine = engine.get((r.clients, r.k))
-        versus_plain = plain.get((r.label, r.clients))
+        versus_plain = plain.get((r.label.split()[0], r.clients))
         cpu = "/".join(f"{r.cpu_us_per_token[s]:.0f}" for s in SERVICES) if r.cpu_us_per_token else "-"
         stages = "/".join(f"{r.stage_ms.get(s, 0):.2f}" for s in ("propose", "score", "verify"))
-        print(f"{r.label + f' c={r.clients} k={r.k}':<16}{r.tokens_per_second:>9.0f}"
-              f"{r.tokens_per_second / versus_engine.tokens_per_second if versus_engine and r.label == 'stack' else float('nan'):>8.2f}"
+        print(f"{r.label + f' c={r.clients} k={r.k}':<18}{r.tokens_per_second:>9.0f}"
+              f"{r.tokens_per_second / versus_engine.tokens_per_second if versus_engine and r.label.startswith('stack') else float('nan'):>8.2f}"
               f"{r.tokens_per_second / versus_plain.tokens_per_second if versus_plain and r.k else float('nan'):>6.2f}"
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
-              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}  {stages:<30}{cpu:>24}")
+              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}  {stages:<30}{cpu:>24}",
+              flush=flush)
 
 
 def parse_args() -> argparse.Namespace:
@@ -273,6 +274,9 @@ def parse_args() -> argparse.Namespace:
                                                                      "(at least 2 per client)")
     parser.add_argument("--batch1-requests", type=int, default=12, help="requests per run with one client")
     parser.add_argument("--draft-memory-scope", default="off", choices=["global", "per-key", "off"])
+    parser.add_argument("--passes", type=int, default=1, help="run each client count and k this many times over the "
+                                                               "same prompts (with drafter memory: later passes draft "
+                                                               "from earlier outputs)")
     parser.add_argument("--port-offset", type=int, default=800)
     parser.add_argument("--no-engine", action="store_true", help="the stack only")
     parser.add_argument("--out", default="stack_results.jsonl")
@@ -292,8 +296,10 @@ def main() -> None:
         metrics_url = f"http://127.0.0.1:{VERIFIER_PORTS[1] + args.port_offset}/metrics"
         for clients in args.clients:
             for k in args.ks:
-                rows.append(stack_run(args, stack, http_port, metrics_url, prompts, clients, k))
-                print_table(rows[-1:])
+                for run in range(args.passes):
+                    rows.append(stack_run(args, stack, http_port, metrics_url, prompts, clients, k))
+                    rows[-1].label += f" {run + 1}" if args.passes > 1 else ""
+                    print_table(rows[-1:], flush=True)
     finally:
         os.killpg(stack.pid, 2)
         stack.wait(timeout=60)

@@ -76,6 +76,10 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
                         ("--tls-ca", options.tls_ca), ("--api-key", options.api_key)):
         if value:
             argv += [flag, value]
+    for flag, count in (("--max-num-seqs", options.max_num_seqs),
+                        ("--max-num-batched-tokens", options.max_num_batched_tokens)):
+        if count is not None:
+            argv += [flag, str(count)]
     if options.kv_cache_bytes is not None:
         argv += ["--kv-cache-bytes", str(options.kv_cache_bytes)]
     if options.kv_cache_memory_fraction is not None:

@@ -26,6 +26,10 @@ MAX_GATEWAY_PROCESSES = 64
 DEFAULT_MAX_GATEWAY_PROCESSES = 8  # --gateway-processes auto takes no more
 # --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS.md, "CPU default for k").
 DEFAULT_NUM_SPECULATIVE_TOKENS = {"cpu": 6, "cuda": 4}
+# --max-num-seqs / --max-num-batched-tokens left unset, per device: a GPU serves hundreds of streams at once (CUDA
+# graphs are captured for batches up to it); two CPU cores are saturated long before 64.
+DEFAULT_MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class ServiceOptions:
     drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
     drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
+    max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
+    max_num_batched_tokens: int | None = None  # verifier: tokens one step feeds the model (None: the device's)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -98,6 +104,9 @@ class ServiceOptions:
         if self.gateway_processes is not None and not 1 <= self.gateway_processes <= MAX_GATEWAY_PROCESSES:
             raise ValueError(f"gateway_processes: must be in 1..{MAX_GATEWAY_PROCESSES} or auto, "
                              f"got {self.gateway_processes}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.drain_seconds is not None and self.drain_seconds < 0:
             raise ValueError(f"drain_seconds: must be >= 0, got {self.drain_seconds}")
 
@@ -214,6 +223,13 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="after SIGTERM / SIGINT: how long live calls may finish before the rest are cancelled "
                             "(default: 10 for gateway and verifier, 5 for the drafter); keep Kubernetes' "
                             "terminationGracePeriodSeconds above it")
+    group.add_argument("--max-num-seqs", type=int, default=_optional_int(_env("max_num_seqs", None)),
+                       help=f"verifier: requests in the running batch, the rest wait (default per device: "
+                            f"{DEFAULT_MAX_NUM_SEQS})")
+    group.add_argument("--max-num-batched-tokens", type=int,
+                       default=_optional_int(_env("max_num_batched_tokens", None)),
+                       help=f"verifier: tokens one step feeds the model, prompt chunks included (default per "
+                            f"device: {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     group.add_argument("--gateway-processes", type=_processes, default=_processes(_env("gateway_processes", "auto")),
                        help="gateway: processes serving its ports, each a whole gateway on a core of its own "
                             "(auto: one per usable CPU, at most 8; under specd up one per 4 CPUs)")
@@ -249,4 +265,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
         drafting=args.drafting,
         drain_seconds=args.drain_seconds, gateway_processes=args.gateway_processes,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
     )

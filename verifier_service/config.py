@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specd.options import VERIFIER_PORTS, ServiceOptions
+from specd.options import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VERIFIER_PORTS, ServiceOptions
 from specd.serving import ServerConfig, TlsConfig
 from specd.service_configs import drain
 from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
@@ -40,6 +40,8 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
     )
     device = options.resolved_device()
     engine = EngineConfig(
+        max_num_seqs=options.max_num_seqs or DEFAULT_MAX_NUM_SEQS[device],
+        max_num_batched_tokens=options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS[device],
         model=options.model, device=device, dtype=options.resolved_dtype(),
         num_speculative_tokens=options.resolved_num_speculative_tokens(),
         max_speculative_tokens=options.max_speculative_tokens,

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU machine's side of the whole-stack measurements (bench/stack.py), in parts, in one call:
+#   bash tools/device_stack.sh PART...
+# random  : random weights of the default model's shapes with its real tokenizer (.device/model): the stack beside its
+#           engine alone at 1 / 16 / 64 / 256 clients, speculation off; then one decode and one verify step's kernels
+#           (bench/gpu_profile_step.py --trace --graph)
+# real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
+#           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
+#           stack with memory on, each prompt set twice (the second pass drafts from the first's outputs)
+# old_real: `real` for the code in .device/old (git archive of the commit measured against), first, in the same call
+# The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
+# bytes of ~/.cache/specd/gguf/SmolLM2-135M-Instruct.Q4_1.gguf), the next one, made at once (the machine stays warm
+# for 30 s), carries .device-part2 with the rest. Results: $OUT/*.jsonl and *.log; each part's table printed last.
+set -u
+OUT=${OUT:-/tmp/out}
+[ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
+  touch /tmp/site/.specd-installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECD_HOME=/tmp/specd
+bash bench/build_native_store.sh . .device/old
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
+[ -f .device/gguf.part1 ] && cp .device/gguf.part1 /tmp/gguf.part1
+
+default_model() {  # the real weights, converted once per machine
+  [ -f /tmp/gguf/model.gguf ] || { [ -f .device-part2/gguf.part2 ] && mkdir -p /tmp/gguf &&
+    cat /tmp/gguf.part1 .device-part2/gguf.part2 > /tmp/gguf/model.gguf; } || { echo "no GGUF"; return 1; }
+  SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf python3 -m specd.default_model 2>&1 | tail -1
+}
+
+stack() {  # stack TREE NAME ARGS...: bench/stack.py of the code in TREE, its table last
+  local tree=$1 name=$2 root=$PWD; shift 2
+  (cd "$tree" && PYTHONPATH=/tmp/site:$PWD SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
+    timeout 560 python3 "$root/bench/stack.py" --device cuda --out "$OUT/$name.jsonl" "$@") >"$OUT/$name.log" 2>&1
+  echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
+}
+
+for part in "$@"; do
+  case $part in
+    random)
+      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
+      timeout 300 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
+      echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+    real|old_real)
+      tree=.; [ "$part" = old_real ] && tree=.device/old
+      default_model || continue
+      stack "$tree" "${part}_nomemory" --clients 1 16 64 --ks 0 4 --num-requests 128
+      stack "$tree" "${part}_memory" --clients 1 --ks 4 --passes 2 --draft-memory-scope global --port-offset 900 ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
