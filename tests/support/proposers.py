@@ -46,15 +46,23 @@ class OracleProposer(_RecordingProposer):
 
 
 class AdversarialProposer(OracleProposer):
-    """Proposes a token that is never the reference's: every draft is rejected under greedy decoding."""
+    """Proposes a token that is never the reference's: every draft is rejected under greedy decoding.
 
-    def __init__(self, references: Mapping[str, Sequence[int]], vocab_size: int) -> None:
+    With `num_speculative_tokens` k, a proposal longer than k (one asked ahead of steps in flight: what they emit,
+    then drafts; draft_lookahead.py) is the reference but for its last k tokens, so that it survives the engine's
+    check against the tokens known by the time it is used, and its drafts are still scored and rejected."""
+
+    def __init__(self, references: Mapping[str, Sequence[int]], vocab_size: int,
+                 num_speculative_tokens: int | None = None) -> None:
         super().__init__(references)
         self.vocab_size = vocab_size
+        self.num_speculative_tokens = num_speculative_tokens
 
     def _draft(self, request: DraftRequest) -> list[int]:
         right = super()._draft(request)
-        return [(t + 1) % self.vocab_size for t in right] or [0] * request.num_draft_tokens
+        wrong_from = 0 if self.num_speculative_tokens is None else max(0, len(right) - self.num_speculative_tokens)
+        wrong = [(t + 1) % self.vocab_size for t in right[wrong_from:]]
+        return right[:wrong_from] + wrong or [0] * request.num_draft_tokens
 
 
 class BruteForceNgramProposer(_RecordingProposer):

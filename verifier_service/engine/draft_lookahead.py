@@ -2,10 +2,15 @@
 
 When step N + 1 is launched while step N still runs, the host does not know what N emits for a request:
 its first a drafts (those that agree with the target) and then one token of the target's own, 1 to d + 1
-tokens for d drafts. The proposer is asked, on the context known so far (through step N - 1), for d + 1 + k
-tokens (Scheduler.lookahead_requests): its proposal P is its guess of how the target continues. The guess of
-N's outcome follows from it: N accepts the drafts that agree with P (a = the common prefix of P and N's
-drafts D) and then emits P[a]; N + 1's drafts are what P says comes after that, P[a + 1 : a + 1 + k].
+tokens for d drafts. The guess of N's outcome follows from a proposal P, the proposer's guess of how the target
+continues: N accepts the drafts that agree with P (a = the common prefix of P and N's drafts D) and then emits
+P[a]; N + 1's drafts are what P says comes after that, P[a + 1 : a + 1 + k].
+
+The proposer is never waited for: P is asked when step N is launched (Scheduler.lookahead_requests), on the context
+known then (through step N - 2, with N - 1 still in flight), for (d' + 1) + (k + 1) + k tokens (d' = N - 1's
+drafts; N's are at most k), and collected when N + 1 is launched. By then N - 1's tokens are known: they must be
+P's first ones (continuations_after_known; otherwise P guessed N - 1 wrong and N + 1 gets no drafts), and the rest
+of P is walked past N as above. A proposal not back by then costs N + 1 its drafts, not time.
 
 For an n-gram proposer that follows a long match this is exactly the draft it would make once N's tokens
 were known, and the drafter's round trip overlaps the device's step N instead of delaying step N + 1. When
@@ -16,8 +21,35 @@ acceptance, never correctness, since every draft is verified against the target.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from verifier_service.engine.batch import ScheduledBatch
+from verifier_service.engine.proposer import PendingProposal
+
+
+@dataclass(frozen=True)
+class AskedAhead:
+    """A proposal asked before the step it serves was scheduled, and the context length of each request it was
+    asked on."""
+
+    pending: PendingProposal
+    context_lens: dict[str, int]
+
+
+def continuations_after_known(proposals: Mapping[str, Sequence[int]], context_lens: Mapping[str, int],
+                              known: Mapping[str, tuple[Sequence[int], int]]) -> dict[str, list[int]]:
+    """Each proposal (a guessed continuation of its request's context as it was when asked) cut to what it says
+    follows the tokens known now (`known`: request id -> (its token ids, how many of them are known)). The tokens
+    that became known since it was asked must be its first ones; where they are not, it guessed wrong: no entry."""
+    continuations = {}
+    for request_id, proposal in proposals.items():
+        if request_id not in known or request_id not in context_lens:
+            continue
+        tokens, num_known = known[request_id]
+        seen = list(tokens[context_lens[request_id]:num_known])
+        if len(seen) < len(proposal) and list(proposal[:len(seen)]) == seen:
+            continuations[request_id] = list(proposal[len(seen):])
+    return continuations
 
 
 def drafts_after(proposal: Sequence[int], in_flight_drafts: Sequence[int], num_slots: int) -> list[int]:

@@ -7,11 +7,12 @@ Async scheduling (on CUDA by default): the forward and the verification are laun
 and their result is copied back only at the end of the step; in between, the next step is scheduled and
 launched already, continuing each request from this step's result on the device: its last emitted token
 and, where it scored drafts, how many were accepted, which shifts the next step's positions
-(scheduler.schedule_ahead, previous_tokens.py). The next step's drafts are guessed from a proposal on the
-context known so far, long enough to cover what this step may emit (draft_lookahead.py): it is sent the
-moment this step's tokens are known (end of update), and its answer collected when the next step is
-launched, so the drafter's round trip, the host's scheduling, packing and launching all overlap the
-device's work instead of leaving it idle. Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
+(scheduler.schedule_ahead, previous_tokens.py). The drafter is never waited for there: the proposal for a step is
+asked one step earlier, on the contexts known then, long enough to cover what the steps in flight may emit, and
+collected without waiting when that step is launched; its drafts follow the tokens known since and the guessed
+outcome of the step in flight (draft_lookahead.py). A proposal that is not back in time costs that step its drafts,
+never time, so the drafter's round trip, the host's scheduling, packing and launching all overlap the device's
+work instead of leaving it idle (synchronous steps, as on the CPU, still ask and wait). Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
 request that a stop token ends has one more step computed and dropped.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.context_length import resolve_max_model_len
-from verifier_service.engine.draft_lookahead import guessed_drafts
+from verifier_service.engine.draft_lookahead import AskedAhead, continuations_after_known, guessed_drafts
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.outputs import EngineLoad, FinishReason, RequestOutput
 from verifier_service.engine.previous_tokens import continue_from
@@ -82,8 +83,8 @@ class Engine:
         auto = self.device.type == "cuda"  # a CPU forward is synchronous: nothing to overlap
         self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
-        # The proposal for the step to launch behind self._in_flight, asked at the end of the last update.
-        self._next_proposal: tuple[LaunchedStep, PendingProposal] | None = None
+        # The proposal for the step to launch behind self._in_flight, asked when that one was launched.
+        self._next_proposal: tuple[LaunchedStep, AskedAhead | None] | None = None
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -145,12 +146,13 @@ class Engine:
             raise
 
     def _launch_ahead(self, previous: LaunchedStep) -> LaunchedStep | None:
-        """Schedules and launches the next step, continuing from previous's result on the device."""
-        pending = self._take_proposal(previous)
-        if pending is None:  # none asked yet (previous was launched synchronously): ask now
-            pending = self._ask_ahead(previous)
+        """Schedules and launches the next step, continuing from previous's result on the device, with drafts from
+        the proposal asked when previous was launched (collected without waiting); first, on the contexts known
+        now, asks for the step after the one launched here."""
+        asked = self._take_proposal(previous)
+        proposals = self._proposals(asked.pending if asked is not None else None, wait=False)
+        upcoming = self._ask_ahead(previous)  # after the collection: asking reads (and drops) replies in hand
         batch, requests = self._schedule(previous.batch)
-        proposals = self._proposals(pending)
         if not batch:
             return None
         if previous.verification is not None:
@@ -158,8 +160,12 @@ class Engine:
         if proposals:
             with self._lock:
                 slots = {request.request_id: request.num_draft_slots for request in requests}
+                known = {r.request_id: (r.token_ids, r.num_tokens - r.num_pending_tokens) for r in requests}
+                proposals = continuations_after_known(proposals, asked.context_lens, known)
                 self.scheduler.add_drafts(batch, guessed_drafts(batch, previous.batch, proposals, slots))
-        return self._launch(batch, requests)
+        launched = self._launch(batch, requests)
+        self._next_proposal = (launched, upcoming)
+        return launched
 
     def _launch(self, batch: ScheduledBatch, requests: list[Request]) -> LaunchedStep:
         verification = self._score_greedy(batch, requests)
@@ -191,17 +197,21 @@ class Engine:
         with self._lock:
             self.scheduler.add_drafts(batch, drafts)
 
-    def _ask_ahead(self, in_flight: LaunchedStep) -> PendingProposal | None:
-        """Asks for proposals on the contexts known now, covering what in_flight emits and the drafts of the
-        step after it (Scheduler.lookahead_requests); None without a proposer or anything to ask."""
+    def _ask_ahead(self, in_flight: LaunchedStep) -> AskedAhead | None:
+        """Asks for proposals on the contexts known now, covering what in_flight and the step launched behind it
+        emit and the drafts of the step after those (Scheduler.lookahead_requests); None without a proposer or
+        anything to ask."""
         if self.proposer is None:
             return None
         with self._lock:
             wanted = self.scheduler.lookahead_requests(in_flight.batch)
-        return self._ask(wanted) if wanted else None
+        if not wanted:
+            return None
+        pending = self._ask(wanted)
+        return AskedAhead(pending, {r.request_id: len(r.token_ids) for r in wanted}) if pending else None
 
-    def _take_proposal(self, in_flight: LaunchedStep) -> PendingProposal | None:
-        """The proposal asked at the end of the last update for the step after in_flight, if any."""
+    def _take_proposal(self, in_flight: LaunchedStep) -> AskedAhead | None:
+        """The proposal asked when in_flight was launched, for the step after it, if any."""
         asked, self._next_proposal = self._next_proposal, None
         return asked[1] if asked is not None and asked[0] is in_flight else None
 
@@ -214,12 +224,13 @@ class Engine:
             return None
 
     @timed_stage("propose")
-    def _proposals(self, pending: PendingProposal | None) -> dict[str, list[int]]:
-        """Waits for a proposal's drafts (the propose stage: time the step waited for the proposer)."""
+    def _proposals(self, pending: PendingProposal | None, wait: bool = True) -> dict[str, list[int]]:
+        """A proposal's drafts, waiting for them up to the proposer's deadline unless `wait` is False (the propose
+        stage: time the step waited for the proposer)."""
         if pending is None:
             return {}
         try:
-            return pending.result()
+            return pending.result(wait=wait)
         except Exception:  # noqa: BLE001 - a broken proposer costs speed, never a request
             logger.exception("proposer failed; decoding this step without drafts")
             self.step_stats.current.num_proposer_failures += 1
@@ -284,8 +295,6 @@ class Engine:
             self._record(batch, verified, outputs)
         if released and self.proposer is not None:
             self.proposer.release(released)
-        if self._in_flight is not None:  # the next step's proposal, asked now that the contexts are known
-            self._next_proposal = (self._in_flight, self._ask_ahead(self._in_flight))
         self.step_stats.end()
         return outputs
 

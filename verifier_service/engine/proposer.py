@@ -29,8 +29,9 @@ class DraftRequest:
 
 
 class PendingProposal(Protocol):
-    def result(self) -> dict[str, list[int]]:
-        """The drafts, waiting at most the proposer's deadline; never raises for a draft failure."""
+    def result(self, wait: bool = True) -> dict[str, list[int]]:
+        """The drafts, waiting at most the proposer's deadline (not at all unless `wait`: then only what has
+        arrived); never raises for a draft failure."""
         ...
 
 
@@ -50,7 +51,7 @@ class _Answered:
     def __init__(self, drafts: dict[str, list[int]]) -> None:
         self._drafts = drafts
 
-    def result(self) -> dict[str, list[int]]:
+    def result(self, wait: bool = True) -> dict[str, list[int]]:
         return self._drafts
 
 

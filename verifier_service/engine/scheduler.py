@@ -96,8 +96,9 @@ class Scheduler:
 
     def lookahead_requests(self, in_flight: ScheduledBatch) -> list[DraftRequest]:
         """What to ask the proposer before scheduling ahead of in_flight (draft_lookahead.py): for each of its
-        requests that emits tokens and may draft next, the context known now and d + 1 + k tokens, enough to
-        guess what in_flight emits (d = its drafts there) and the k drafts after that."""
+        requests that emits tokens and may draft, the context known now and (d + 1) + (k + 1) + k tokens, enough
+        to guess what in_flight emits (d = its drafts there), what the step scheduled behind it emits (k drafts at
+        most), and the k drafts of the step after those, whose launch collects the answer."""
         if self.draft_policy is not None and not self.draft_policy.batch_allows_drafts(len(self.running)):
             return []
         wanted = []
@@ -108,7 +109,8 @@ class Scheduler:
             k = self._max_drafts(request, extra=scheduled.num_draft_tokens + 1)
             if k > 0:
                 params = request.params
-                wanted.append(DraftRequest(request.request_id, request.token_ids, scheduled.num_draft_tokens + 1 + k,
+                wanted.append(DraftRequest(request.request_id, request.token_ids,
+                                           scheduled.num_draft_tokens + 1 + 2 * k + 1,
                                            params.min_ngram, params.max_ngram, params.tenant_key))
         return wanted
 
