@@ -2,7 +2,7 @@
 
     python bench/stack.py                                   # the default model, CPU or GPU, 1 and 16 clients
     python bench/stack.py --clients 1 16 64 256 --num-requests 512          # the GPU table of docs/BENCHMARKS.md
-    python bench/stack.py --clients 1 --ks 0 4 --hf                         # plus Hugging Face at batch 1
+    python bench/stack.py --clients 1 --ks 0 4 --hf 4 10                    # plus Hugging Face at batch 1
 
 It starts `specd up` (the default model's real weights unless --model says otherwise; drafter memory off unless
 --draft-memory-scope, so repeated prompts do not help) and sends chat completions of ordinary instruction traffic
@@ -12,7 +12,8 @@ Then the engine alone runs in this process on exactly the same requests (the gat
 same messages, the verifier's own engine config, the drafter's rule in process), as many at a time as there were
 clients. Each row reports output tok/s, TTFT and inter-event latency (one event per step that emitted text for the
 request) p50 / p99, request latency p50 / p99, errors, tokens per step and accepted / proposed, the verifier's stage
-means per step and each process's CPU microseconds per output token. Results go to --out as JSON lines; a short
+means per step and each process's CPU microseconds per output token; ratios to the engine alone, to speculation off
+and, at one client, to Hugging Face generate (--hf: plain greedy against k = 0, the best prompt lookup against k > 0). Results go to --out as JSON lines; a short
 table is printed last.
 """
 from __future__ import annotations
@@ -61,8 +62,7 @@ class Row:
 
 # ---- the stack's processes and metrics -------------------------------------------------------------------------
 
-def _children(pid: int) -> list[int]:
-    found, frontier = [], [pid]
+def _parents() -> dict[int, int]:
     table = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -70,36 +70,34 @@ def _children(pid: int) -> list[int]:
                 table[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 pass
-    while frontier:
-        parent = frontier.pop()
-        kids = [child for child, ppid in table.items() if ppid == parent]
-        found += kids
-        frontier += kids
-    return found
+    return table
 
 
 def _service_of(pid: int) -> str | None:
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        names = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
     except OSError:
         return None
-    names = [a.decode() for a in argv]
-    if "specd.cli" in names:
-        return next((s for s in SERVICES if s in names), None)
-    return "verifier" if any("multiprocessing" in a for a in names) else None  # engine / rank processes
+    return next((s for s in SERVICES if s in names), None) if "specd.cli" in names else None
 
 
 def cpu_seconds(supervisor_pid: int) -> dict[str, float]:
-    """User + system CPU seconds per service of a running `specd up`, its child processes summed in."""
-    ticks = os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds per service of a running `specd up`: each service process with every process it
+    started (gateway workers, tensor-parallel ranks) summed in. Processes that ended meanwhile are not counted."""
+    ticks, parents = os.sysconf("SC_CLK_TCK"), _parents()
     totals = dict.fromkeys(SERVICES, 0.0)
-    for pid in _children(supervisor_pid):
-        service = _service_of(pid)
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if service is not None:
+    for service_pid in [pid for pid, ppid in parents.items() if ppid == supervisor_pid]:
+        service, family, frontier = _service_of(service_pid), [service_pid], [service_pid]
+        while frontier:
+            parent = frontier.pop()
+            children = [pid for pid, ppid in parents.items() if ppid == parent]
+            family += children
+            frontier += children
+        for pid in family if service is not None else ():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
             totals[service] += (int(fields[11]) + int(fields[12])) / ticks
     return totals
 
@@ -123,14 +121,17 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
 
 
 def start_stack(args, port_offset: int) -> subprocess.Popen:
+    """`specd up`, its output (every service's log) in --stack-log; returns once it is ready."""
     argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
             "--model", args.model, "--device", args.device, "--draft-memory-scope", args.draft_memory_scope,
             "--max-speculative-tokens", str(max(max(args.ks), 1))] + args.stack_args
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    for line in process.stdout:
-        if line.strip() == "specd: ready":
+    log = open(args.stack_log, "w")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    while process.poll() is None:
+        if "specd: ready" in Path(args.stack_log).read_text():
             return process
-    raise RuntimeError(f"specd up exited with {process.wait()} before it was ready")
+        time.sleep(0.5)
+    raise RuntimeError(f"specd up exited with {process.returncode} before it was ready (log: {args.stack_log})")
 
 
 # ---- runs ------------------------------------------------------------------------------------------------------
@@ -184,16 +185,18 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
     config = verifier_config_from_options(options).engine
     tokenizer = Tokenizer(resolve_model_path(args.model))
     prompt_ids = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in prompts]
-    runner = build_model_runner(config, drafts=True)
+    # One engine for every run, each request asking its k, as the stack's one verifier serves them (its prefix
+    # cache and the drafter's memory carry over from run to run alike).
+    engine = Engine(config, LocalProposer(DrafterConfig(memory_scope=args.draft_memory_scope)),
+                    build_model_runner(config, drafts=True))
+    warm_up(engine)
+    freeze_start_up_objects()
     rows = []
     for clients in args.clients:
         for k in args.ks:
-            proposer = LocalProposer(DrafterConfig(memory_scope=args.draft_memory_scope))
-            engine = Engine(config, proposer, runner)
-            warm_up(engine)
-            freeze_start_up_objects()
-            rows.append(_closed_loop(engine, prompt_ids[:_num_requests(args, clients)], clients, k,
-                                     args.max_tokens, tokenizer.eos_token_ids))
+            for _ in range(args.passes):
+                rows.append(_closed_loop(engine, prompt_ids[:_num_requests(args, clients)], clients, k,
+                                         args.max_tokens, tokenizer.eos_token_ids))
     return rows
 
 
@@ -237,6 +240,38 @@ def _closed_loop(engine, prompts: list[list[int]], clients: int, k: int, max_tok
     return row
 
 
+def hf_runs(args, prompts: list[str]) -> list[Row]:
+    """Hugging Face generate at batch 1, greedy, on the same chat token ids: plain, then prompt lookup decoding
+    with each K of --hf (float32 on the CPU, bfloat16 on CUDA, as the verifier's default dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gateway.tokenizer import Tokenizer
+    from specd.default_model import resolve_model_path
+
+    path = resolve_model_path(args.model)
+    device = "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    model = model.to(device).eval()
+    tokenizer = Tokenizer(path)
+    ids = [torch.tensor([tokenizer.encode_chat([{"role": "user", "content": p}])], device=device) for p in prompts]
+    rows = []
+    for lookup in [0, *args.hf]:
+        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+        row = Row("hf", 1, lookup)
+        with torch.inference_mode():
+            model.generate(ids[0], max_new_tokens=4, do_sample=False, **extra)  # one-off set-up, as the stack's warm-up
+            started = time.perf_counter()
+            for prompt in ids:
+                output = model.generate(prompt, max_new_tokens=args.max_tokens, do_sample=False,
+                                        eos_token_id=list(tokenizer.eos_token_ids), **extra)
+                row.tokens += output.shape[1] - prompt.shape[1]
+                row.requests += 1
+        row.wall = time.perf_counter() - started
+        rows.append(row)
+    return rows
+
+
 # ---- the table -------------------------------------------------------------------------------------------------
 
 def _p(values: list[float], q: float) -> float:
@@ -246,7 +281,9 @@ def _p(values: list[float], q: float) -> float:
 def print_table(rows: list[Row], flush: bool = False) -> None:
     engine = {(r.clients, r.k): r for r in rows if r.label == "engine"}
     plain = {(r.label.split()[0], r.clients): r for r in rows if r.k == 0}
-    print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
+    hf = {r.k: r.tokens_per_second for r in rows if r.label == "hf"}
+    hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
+    print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
           f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}")
     for r in rows:
@@ -254,9 +291,11 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
         versus_plain = plain.get((r.label.split()[0], r.clients))
         cpu = "/".join(f"{r.cpu_us_per_token[s]:.0f}" for s in SERVICES) if r.cpu_us_per_token else "-"
         stages = "/".join(f"{r.stage_ms.get(s, 0):.2f}" for s in ("propose", "score", "verify"))
+        versus_hf = hf_best[min(r.k, 1)] if r.clients == 1 and r.label != "hf" else None
         print(f"{r.label + f' c={r.clients} k={r.k}':<18}{r.tokens_per_second:>9.0f}"
               f"{r.tokens_per_second / versus_engine.tokens_per_second if versus_engine and r.label.startswith('stack') else float('nan'):>8.2f}"
               f"{r.tokens_per_second / versus_plain.tokens_per_second if versus_plain and r.k else float('nan'):>6.2f}"
+              f"{r.tokens_per_second / versus_hf if versus_hf else float('nan'):>6.1f}"
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
               f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}  {stages:<30}{cpu:>24}",
@@ -280,6 +319,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--port-offset", type=int, default=800)
     parser.add_argument("--no-engine", action="store_true", help="the stack only")
     parser.add_argument("--out", default="stack_results.jsonl")
+    parser.add_argument("--stack-log", default="stack.log", help="where `specd up` writes its services' logs")
+    parser.add_argument("--hf", type=int, nargs="*", default=None, metavar="K",
+                        help="also Hugging Face generate at batch 1 on the same requests: plain greedy, and prompt "
+                             "lookup with each K given (prompt_lookup_num_tokens)")
     parser.add_argument("stack_args", nargs="*", help="more `specd up` options, after --")
     return parser.parse_args()
 
@@ -307,6 +350,8 @@ def main() -> None:
         verifier_options = ["--model", args.model, "--device", args.device,
                             "--max-speculative-tokens", str(max(max(args.ks), 1)), *args.stack_args]
         rows += engine_runs(args, prompts, verifier_options)
+    if args.hf is not None:
+        rows += hf_runs(args, prompts[:args.batch1_requests])
     with open(args.out, "w") as out:
         for row in rows:
             out.write(json.dumps({**asdict(row), "tokens_per_second": row.tokens_per_second}) + "\n")
