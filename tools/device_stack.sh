@@ -4,6 +4,10 @@
 # random  : random weights of the default model's shapes with its real tokenizer (.device/model): the stack beside its
 #           engine alone at 1 / 16 / 64 / 256 clients, speculation off; then one decode and one verify step's kernels
 #           (bench/gpu_profile_step.py --trace --graph)
+# throughput: the same random weights at 64 and 256 clients only, speculation off, stack beside engine
+# prefill : where a prompt's time to first token goes (bench/gpu_profile_step.py --prefill)
+# final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 clients with speculation off and on beside
+#           its engine alone and Hugging Face at batch 1, then the code in .device/old, stack only
 # real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
 #           stack with memory on, each prompt set twice (the second pass drafts from the first's outputs)
@@ -29,7 +33,8 @@ default_model() {  # the real weights, converted once per machine
 stack() {  # stack TREE NAME ARGS...: bench/stack.py of the code in TREE, its table last
   local tree=$1 name=$2 root=$PWD; shift 2
   (cd "$tree" && PYTHONPATH=/tmp/site:$PWD SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
-    timeout 560 python3 "$root/bench/stack.py" --device cuda --out "$OUT/$name.jsonl" "$@") >"$OUT/$name.log" 2>&1
+    timeout "${LIMIT:-560}" python3 "$root/bench/stack.py" --device cuda --out "$OUT/$name.jsonl" \
+      --stack-log "$OUT/$name.stack.log" "$@") >"$OUT/$name.log" 2>&1
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
 }
 
@@ -40,6 +45,13 @@ for part in "$@"; do
       stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
       timeout 300 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
       echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+    throughput)
+      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
+    final)
+      default_model || continue
+      LIMIT=380 stack . final_new --clients 1 16 64 --ks 0 4 --num-requests 128 --hf 4 10
+      LIMIT=150 stack .device/old final_old --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
       timeout 400 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1

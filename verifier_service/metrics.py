@@ -1,13 +1,11 @@
-"""The verifier's Prometheus metrics (CONTRACT.md), filled by an exporter that reads stats objects.
+"""The verifier's Prometheus metrics (README's metrics table), filled by an exporter that reads stats objects.
 
-The engine only counts (its stats objects); the drafter client only counts its fallbacks. After each
-step the engine loop calls `VerifierMetricsExporter.export()`, which turns the counts accumulated
-since the last call into counter increments and histogram observations, and the load into gauges.
-Nothing here runs inside the step itself.
+The engine only counts (its stats objects); the drafter client only counts its fallbacks. The engine process sends
+them to the serving process with each step's outputs (engine_process.py), where `VerifierMetricsExporter.export()`
+turns them into counter increments and histogram observations, and the load into gauges: nothing here runs on the
+engine's thread, let alone inside the step.
 """
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -69,29 +67,23 @@ class VerifierMetrics:
 
 
 class VerifierMetricsExporter:
-    """Reads the engine's stats and the drafter client's fallback counter; never touched by the step.
+    """Turns the engine's step stats, its load and the drafter client's fallback total into metrics."""
 
-    `read_fallbacks` returns the drafter client's running total (0 without a drafter client).
-    """
-
-    def __init__(self, metrics: VerifierMetrics, engine, read_fallbacks: Callable[[], int] = lambda: 0,
-                 interval_log: SpecDecodeIntervalLog | None = None, stall_log: StepStallLog | None = None) -> None:
+    def __init__(self, metrics: VerifierMetrics, interval_log: SpecDecodeIntervalLog | None = None,
+                 stall_log: StepStallLog | None = None) -> None:
         self._metrics = metrics
-        self._engine = engine
-        self._read_fallbacks = read_fallbacks
         self._exported_fallbacks = 0
         self._interval_log = interval_log if interval_log is not None else SpecDecodeIntervalLog()
         self._stall_log = stall_log if stall_log is not None else StepStallLog()
 
-    def export(self) -> None:
-        """Called on the engine thread after each step (and after aborts)."""
-        for step in self._engine.take_step_stats():
+    def export(self, steps: list, load, fallbacks: int) -> None:
+        """The steps' stats since the last call, the load now, and the drafter client's running fallback total."""
+        for step in steps:
             self._export_step(step)
-        fallbacks = self._read_fallbacks()
         if fallbacks > self._exported_fallbacks:
             self._metrics.drafter_fallbacks.inc(fallbacks - self._exported_fallbacks)
             self._exported_fallbacks = fallbacks
-        self._export_load(self._engine.load())
+        self._export_load(load)
 
     def _export_step(self, step) -> None:
         metrics = self._metrics

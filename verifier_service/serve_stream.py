@@ -20,7 +20,8 @@ from specd.v1 import verifier_pb2
 from verifier_service.convert import ModelLimits, request_from_proto, serve_response
 from verifier_service.engine.outputs import RequestOutput
 from verifier_service.engine.sampling_params import InvalidParameter
-from verifier_service.engine_loop import DuplicateRequestId, EngineLoop, RequestFailed
+from verifier_service.engine_loop import EngineLoop
+from verifier_service.output_router import DuplicateRequestId, EngineUnavailable, RequestFailed
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The status Generate's error path (specd/serving.py) gives an engine error."""
     if isinstance(error, InvalidParameter):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, EngineUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(error)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}"
 
 

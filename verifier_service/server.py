@@ -1,9 +1,10 @@
-"""`specd verifier`: load the model, warm up, then report SERVING and serve until SIGTERM.
+"""`specd verifier`: start the engine process, let it load and warm up, then report SERVING and serve until SIGTERM.
 
 The gRPC port opens first (health NOT_SERVING, Generate UNAVAILABLE) so that orchestrators see a
-live process while the model loads; SERVING is reported only after a warm-up generation has run.
-With --tensor-parallel-size N this process is rank 0 of N (verifier_service/parallel/): a rank that dies
-or hangs turns health NOT_SERVING and ends the process non-zero, as a dead replica.
+live process while the model loads; SERVING is reported only after a warm-up generation has run. The engine runs
+in a process of its own (engine_process.py); this one serves gRPC and exports the metrics. With
+--tensor-parallel-size N the engine process is rank 0 of N (verifier_service/parallel/): a rank that dies or hangs,
+or the engine process itself dying, turns health NOT_SERVING and ends this process non-zero, as a dead replica.
 """
 from __future__ import annotations
 
@@ -19,14 +20,10 @@ import time
 from prometheus_client import CollectorRegistry
 
 from specd import stop_signals
-from specd.default_model import resolve_model_path
 from specd.serving import GrpcServer
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
-from verifier_service.convert import ModelLimits
-from verifier_service.engine.engine import Engine, build_model_runner
-from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up
-from verifier_service.engine_loop import EngineLoop
+from verifier_service.engine_process import EngineClient
 from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
 from verifier_service.service import VerifierServicer
 
@@ -56,30 +53,33 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
                         on_drain=servicer.drain)
     await server.start()
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
-    loading = _in_daemon_thread(_load_and_warm_up, config, metrics, leave)
+    started = time.monotonic()
+    engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave)
+    loading = _in_daemon_thread(engine.wait_ready)
     stopped = asyncio.ensure_future(stop_requested.wait())
     try:
         await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not loading.done():
+        if not loading.done():  # a stop during the load: the engine process goes, nothing else ran yet
+            logger.info("stop requested while loading the model: exiting")
+            engine.kill()
             await server.stop(grace=0)
-            _exit_while_loading()
-        engine_loop, drafter = loading.result()
+            return
+        limits = loading.result()
     except BaseException:  # e.g. a model that cannot be split: close the port before the error ends the process
+        engine.kill()
         await server.stop(grace=0)
         raise
     finally:
         stopped.cancel()
-    engine_loop.start()
-    servicer.attach(engine_loop, model_limits(engine_loop.engine))
+    engine.start()
+    servicer.attach(engine, limits)
     await server.mark_ready()
-    logger.info("verifier ready on port %d", server.port)
+    logger.info("verifier ready on port %d (model loaded and warmed up in %.1f s)", server.port,
+                time.monotonic() - started)
     try:
         await server.serve_until(stop_requested)
     finally:
-        engine_loop.stop()
-        if drafter is not None:
-            drafter.close()
-        engine_loop.engine.runner.close()
+        engine.stop()
 
 
 def _in_daemon_thread(function, *args) -> asyncio.Future:
@@ -109,35 +109,14 @@ def _in_daemon_thread(function, *args) -> asyncio.Future:
     return future
 
 
-def _exit_while_loading() -> None:
-    """A stop asked for during the load: the port is closed already; the load cannot be interrupted (it may
-    be deep in native code, or compiling), so the process ends here rather than wait for it."""
-    logger.info("stop requested while loading the model: exiting")
-    logging.shutdown()
-    os._exit(0)
-
-
-def _load_and_warm_up(config: VerifierConfig, metrics: VerifierMetrics, on_rank_failure):
-    """Builds the engine with its drafter client and runs one short generation (runs off the event loop)."""
-    started = time.monotonic()
-    drafter = _drafter_client(config)
-    runner = build_model_runner(config.engine, drafter is not None, on_rank_failure=on_rank_failure)
-    engine = Engine(config.engine, drafter, runner)
-    _warm_up(engine)
-    exporter = VerifierMetricsExporter(metrics, engine,
-                                       read_fallbacks=(lambda: drafter.num_fallbacks) if drafter else (lambda: 0))
-    logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
-    return EngineLoop(engine, after_step=exporter.export), drafter
-
-
 def _leave_after_rank_failure(server: GrpcServer, loop: asyncio.AbstractEventLoop, reason: str) -> None:
-    """A tensor-parallel rank died or hung (parallel/supervisor.py): this verifier cannot serve any more.
+    """A tensor-parallel rank died or hung (parallel/supervisor.py), or the engine process did: this verifier
+    cannot serve any more.
 
-    Health turns NOT_SERVING at once, then the process ends non-zero without draining: the engine thread
-    may wait in a collective for good, and the gateway resumes the streams elsewhere, as after any
-    replica's death. The other ranks are killed first: they exit when rank 0 does, but a hung one cannot
-    notice, and it would hold its GPU from the verifier that replaces this one. Runs on the thread that
-    noticed the failure.
+    Health turns NOT_SERVING at once, then the process ends non-zero without draining: the engine may wait in a
+    collective for good, and the gateway resumes the streams elsewhere, as after any replica's death. The engine
+    process (which killed the other ranks first: a hung one cannot notice rank 0's end, and it would hold its GPU
+    from the verifier that replaces this one) is killed with it. Runs on the thread that noticed the failure.
     """
     logger.error("verifier leaves the service: %s", reason)
     try:
@@ -145,26 +124,6 @@ def _leave_after_rank_failure(server: GrpcServer, loop: asyncio.AbstractEventLoo
     except Exception:  # noqa: BLE001 - the loop may be gone; exiting matters more
         logger.exception("could not report NOT_SERVING")
     time.sleep(RANK_FAILURE_EXIT_DELAY_S)  # also the hung ranks' time to write the stacks they were asked for
-    for rank in multiprocessing.active_children():  # ranks 1..N-1 (the spawn workers)
-        rank.kill()
+    for child in multiprocessing.active_children():  # the engine process
+        child.kill()
     os._exit(RANK_FAILURE_EXIT_CODE)
-
-
-def _drafter_client(config: VerifierConfig):
-    if config.drafter_addr is None:
-        return None
-    from verifier_service.drafter_client import DrafterClient
-
-    return DrafterClient(config.drafter_addr, tls=config.drafter_tls)
-
-
-def _warm_up(engine: Engine) -> None:
-    """The engine's warm-up (engine/warm_up.py), then the collector told to leave what start-up made alone."""
-    warm_up(engine)
-    freeze_start_up_objects()
-
-
-def model_limits(engine: Engine) -> ModelLimits:
-    """What requests are validated against, from the loaded model."""
-    name = resolve_model_path(engine.config.model).name
-    return ModelLimits(name=name, max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)

@@ -12,12 +12,14 @@ import grpc
 
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.convert import ModelLimits, load_to_proto, output_to_proto, request_from_proto
-from verifier_service.engine_loop import DuplicateRequestId, EngineLoop, RequestFailed
+from verifier_service.engine_loop import EngineLoop
+from verifier_service.output_router import DuplicateRequestId, EngineUnavailable, RequestFailed
 from verifier_service.serve_stream import ServeStream
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    """Answers UNAVAILABLE until `attach()` hands it the running engine loop (model loaded, warmed up)."""
+    """Answers UNAVAILABLE until `attach()` hands it the running engine (model loaded, warmed up): an EngineLoop in
+    this process, or the engine process's EngineClient, which has its interface."""
 
     def __init__(self, max_waiting_requests: int) -> None:
         self._engine_loop: EngineLoop | None = None
@@ -47,6 +49,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 for output in await queue.get():
                     if isinstance(output, RequestFailed):
                         finished = True  # the engine already dropped the request
+                        if isinstance(output.error, EngineUnavailable):
+                            await context.abort(grpc.StatusCode.UNAVAILABLE, str(output.error))
                         raise output.error
                     finished = output.finished
                     yield output_to_proto(output, first)

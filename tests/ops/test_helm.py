@@ -255,3 +255,12 @@ def test_each_pod_outlives_its_services_drain(rendered):
             (container,) = [c for c in spec["containers"] if "SPECD_DRAIN_SECONDS" in env_of(c)]
             drain = float(env_of(container)["SPECD_DRAIN_SECONDS"])
             assert spec["terminationGracePeriodSeconds"] == drain + 10, workload["metadata"]["name"]
+
+
+@pytest.mark.parametrize("values, processes", [((), "1"), (("gateway.resources.requests.cpu=1500m",), "2"),
+                                               (("gateway.resources.requests.cpu=4",), "4"),
+                                               (("gateway.processes=3",), "3")])
+def test_gateway_processes_come_from_the_value_else_the_cpu_request(values, processes):
+    docs = objects(render_chart(set_values=values))
+    (gateway,) = pod_spec(docs, "gateway")["containers"]
+    assert env_of(gateway)["SPECD_GATEWAY_PROCESSES"] == processes

@@ -67,13 +67,26 @@ def start_serving(model_dir):
                 rank.kill()
 
 
-def other_ranks(service: Service) -> list[psutil.Process]:
-    """The processes rank 0 spawned for ranks 1..N-1 (multiprocessing's spawn_main, not its resource tracker)."""
+def spawned(process: psutil.Process) -> list[psutil.Process]:
+    """The processes it started through multiprocessing's spawn (not its resource tracker)."""
     try:
-        children = psutil.Process(service.process.pid).children()
+        return [c for c in process.children() if "spawn_main" in " ".join(c.cmdline())]
     except psutil.NoSuchProcess:
         return []
-    return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+
+def engine_process(service: Service) -> psutil.Process:
+    """The verifier's engine process (rank 0), which the serving process started."""
+    (engine,) = spawned(psutil.Process(service.process.pid))
+    return engine
+
+
+def other_ranks(service: Service) -> list[psutil.Process]:
+    """The processes rank 0 (the engine process) spawned for ranks 1..N-1."""
+    try:
+        return spawned(engine_process(service))
+    except (psutil.NoSuchProcess, ValueError):
+        return []
 
 
 def health_until_exit(service: Service, timeout: float = 60.0) -> list[int | str]:
@@ -101,6 +114,18 @@ def test_a_killed_rank_turns_the_verifier_not_serving_and_ends_it(start_serving)
     assert NOT_SERVING in seen, seen
     assert serving.process.wait(timeout=30) == RANK_FAILURE_EXIT_CODE
     assert "rank 1 exited with code -9" in serving.log_path.read_text()
+
+
+def test_a_dead_engine_process_turns_the_verifier_not_serving_and_ends_it(start_serving):
+    serving = start_serving()
+    engine, ranks = engine_process(serving), other_ranks(serving)
+    engine.kill()
+    seen = health_until_exit(serving)
+    assert NOT_SERVING in seen, seen
+    assert serving.process.wait(timeout=30) == RANK_FAILURE_EXIT_CODE
+    assert "the engine process exited with code -9" in serving.log_path.read_text()
+    for rank in ranks:  # rank 1 follows its rank 0 (psutil.TimeoutExpired if it outlives it)
+        rank.wait(timeout=30)
 
 
 def test_a_hung_rank_turns_the_verifier_not_serving_and_ends_it(start_serving):

@@ -34,10 +34,10 @@ def test_the_exporter_counts_graph_replays_and_eager_forwards_as_the_runner_ran_
     assert forward_passes(registry, "graph") == 0 and forward_passes(registry, "eager") == 0  # series from start-up
     runner = DecodeGraphRunner()
     engine = Engine(EngineConfig(num_speculative_tokens=0, max_num_batched_tokens=16), runner=runner)
-    exporter = VerifierMetricsExporter(exporter_metrics, engine)
+    exporter = VerifierMetricsExporter(exporter_metrics)
     add_all(engine)
     outputs = run(engine)
-    exporter.export()  # drains every step's stats, as the engine loop does after each step
+    exporter.export(engine.take_step_stats(), engine.load(), 0)  # every step's stats, as the engine process sends them
     assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())
     assert runner.forwards["graph"] > 0 and runner.forwards["eager"] > 0  # prompt chunks, then decode steps
     assert forward_passes(registry, "graph") == runner.forwards["graph"]
@@ -47,8 +47,8 @@ def test_the_exporter_counts_graph_replays_and_eager_forwards_as_the_runner_ran_
 def test_a_runner_that_says_nothing_counts_every_forward_as_eager():
     registry = CollectorRegistry()
     engine = Engine(EngineConfig(num_speculative_tokens=0), runner=FakePagedRunner(vocab_size=VOCAB))
-    exporter = VerifierMetricsExporter(VerifierMetrics(registry), engine)
+    exporter = VerifierMetricsExporter(VerifierMetrics(registry))
     add_all(engine)
     run(engine)
-    exporter.export()
+    exporter.export(engine.take_step_stats(), engine.load(), 0)
     assert forward_passes(registry, "graph") == 0 and forward_passes(registry, "eager") > 0

@@ -115,3 +115,7 @@ class InvalidParameter(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+        self.message = message
+
+    def __reduce__(self):  # crosses the engine process's pipe
+        return InvalidParameter, (self.field, self.message)

@@ -88,3 +88,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "specd.apiKeyEnabled" -}}
 {{- if or .Values.apiKey.existingSecret .Values.apiKey.value }}true{{ end }}
 {{- end }}
+
+{{/* Gateway processes per pod: gateway.processes, else one per CPU of the gateway's CPU request, rounded up
+("500m" -> 1, "1500m" -> 2, 4 -> 4), else 1. */}}
+{{- define "specd.gatewayProcesses" -}}
+{{- if .Values.gateway.processes -}}
+{{- .Values.gateway.processes -}}
+{{- else -}}
+{{- $cpu := toString (dig "requests" "cpu" "1" .Values.gateway.resources) -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- max 1 (div (add (trimSuffix "m" $cpu | atoi) 999) 1000) -}}
+{{- else -}}
+{{- max 1 (ceil (float64 $cpu) | int) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
