@@ -2,7 +2,7 @@
 
     python bench/stack.py                                   # the default model, CPU or GPU, 1 and 16 clients
     python bench/stack.py --clients 1 16 64 256 --num-requests 512          # the GPU table of docs/BENCHMARKS.md
-    python bench/stack.py --clients 1 --ks 0 4 --hf 4 10                    # plus Hugging Face at batch 1
+    python bench/stack.py --clients 1 --ks 0 4 --hf 0 4 10                  # plus Hugging Face at batch 1
 
 It starts `specd up` (the default model's real weights unless --model says otherwise; drafter memory off unless
 --draft-memory-scope, so repeated prompts do not help) and sends chat completions of ordinary instruction traffic
@@ -30,8 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from instruction_prompts import instruction_prompts
-from sse_load import StreamRecord, chat_body, run_load
+from specd.openmp import apply_wait_policy
+
+apply_wait_policy()  # the engine alone and Hugging Face run under the services' OpenMP policy (before torch loads)
+
+from instruction_prompts import instruction_prompts  # noqa: E402
+from sse_load import StreamRecord, chat_body, run_load  # noqa: E402
 
 STAGES = ("schedule", "propose", "score", "verify", "update")
 SERVICES = ("gateway", "verifier", "drafter")
@@ -241,7 +245,7 @@ def _closed_loop(engine, prompts: list[list[int]], clients: int, k: int, max_tok
 
 
 def hf_runs(args, prompts: list[str]) -> list[Row]:
-    """Hugging Face generate at batch 1, greedy, on the same chat token ids: plain, then prompt lookup decoding
+    """Hugging Face generate at batch 1, greedy, on the same chat token ids: plain (K = 0) or prompt lookup decoding
     with each K of --hf (float32 on the CPU, bfloat16 on CUDA, as the verifier's default dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -256,7 +260,7 @@ def hf_runs(args, prompts: list[str]) -> list[Row]:
     tokenizer = Tokenizer(path)
     ids = [torch.tensor([tokenizer.encode_chat([{"role": "user", "content": p}])], device=device) for p in prompts]
     rows = []
-    for lookup in [0, *args.hf]:
+    for lookup in args.hf:
         extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
         row = Row("hf", 1, lookup)
         with torch.inference_mode():
@@ -321,8 +325,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default="stack_results.jsonl")
     parser.add_argument("--stack-log", default="stack.log", help="where `specd up` writes its services' logs")
     parser.add_argument("--hf", type=int, nargs="*", default=None, metavar="K",
-                        help="also Hugging Face generate at batch 1 on the same requests: plain greedy, and prompt "
-                             "lookup with each K given (prompt_lookup_num_tokens)")
+                        help="also Hugging Face generate at batch 1 on the same requests, for each K given: 0 = plain "
+                             "greedy, else prompt lookup with prompt_lookup_num_tokens=K")
     parser.add_argument("stack_args", nargs="*", help="more `specd up` options, after --")
     return parser.parse_args()
 

@@ -9,11 +9,9 @@ import logging
 import os
 import sys
 
-# Before anything loads torch's OpenMP runtime, which reads this once. Its default lets an idle OpenMP
-# thread spin for its partner; when gateway, drafter and verifier share a few cores, the partner is often
-# descheduled and the spinning burns the core it waits for (on 2 shared cores: 10x the CPU per token,
-# docs/BENCHMARKS.md). An OMP_WAIT_POLICY set by the operator wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from specd.openmp import apply_wait_policy
+
+apply_wait_policy()  # before anything loads torch's OpenMP runtime, which reads it once
 
 from specd import stop_signals
 from specd.options import GATEWAY_PORTS, ServiceOptions, add_service_options, options_from_args
