@@ -85,8 +85,8 @@ def prefill(model_dir: str) -> None:
     runner = build_model_runner(config, drafts=True)
     engine = Engine(config, None, runner)
     warm_up(engine)
-    for length in (199, 250, 257, 301, 250, 512, 137, 250):
-        prompt = [(7 * i + length) % 4000 + 10 for i in range(length)]
+    for length in (199, 250, 257, 301, 250, 512, 137, 250, 293, 293, 330):
+        prompt = [(7 * i + (length if length < 290 else 0)) % 4000 + 10 for i in range(length)]  # 293+ share blocks
         started = time.perf_counter()
         engine.add_request(f"p{length}-{started}", prompt, SamplingParams(max_tokens=2, ignore_eos=True))
         first = None

@@ -71,6 +71,10 @@ class FlashAttentionBackend:
         self._triton = _load_triton_verify()
         self._kv_writer = _load_triton_kv_write()
         self._splits: dict[tuple[int, int], int] = {}  # (batch, kv_heads) -> KV splits of the Triton kernel
+        # Widths (query tokens per sequence) the Triton kernel takes; None: any that fits its tile. Triton compiles
+        # the kernel once per width, ~2.5 s: the model runner keeps it to its CUDA graphs' widths, so that a prompt
+        # chunk after cached blocks (37 tokens alone on an H200) is not a compile in the middle of serving.
+        self.triton_widths: frozenset[int] | None = None
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  metadata: AttentionMetadata) -> None:
@@ -101,6 +105,8 @@ class FlashAttentionBackend:
     def _takes_triton(self, query: torch.Tensor, k_cache: torch.Tensor, width: int, batch: int) -> bool:
         """Whether a uniform step of `width` tokens per sequence goes to the Triton kernel (module docstring)."""
         if self._triton is None or not self._triton.supports(query, k_cache, width):
+            return False
+        if self.triton_widths is not None and width not in self.triton_widths:
             return False
         return width > 1 or self._num_splits(batch, k_cache.shape[2], query.device) > 1
 
