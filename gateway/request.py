@@ -80,6 +80,11 @@ class VerifierChunk:
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token when the request asked for logprobs
     seed: int | None = None  # the seed the request samples with, on the first message (None: greedy, unseeded)
 
+    def then(self, later: VerifierChunk) -> VerifierChunk:
+        """This message and the one after it as one."""
+        return VerifierChunk(self.token_ids + later.token_ids, later.finish_reason, later.usage or self.usage,
+                             self.logprobs + later.logprobs, self.seed if self.seed is not None else later.seed)
+
 
 @dataclass(frozen=True)
 class TokenCandidate:

@@ -232,3 +232,41 @@ async def test_pinned_requests_follow_the_first_to_its_replica(router, replicas)
     others = [[chunk async for chunk in router.generate(f"s{i}", REQUEST, pin=pin)] for i in (1, 2, 3)]
     await first.aclose()
     assert len(others) == 3 and sorted(len(r.requests) for r in replicas) == [0, 4]
+
+
+async def _until_sent(replica, request_id: str = "req") -> None:
+    """Until `replica` has streamed every step it will stream for now, and they had time to arrive."""
+    while not replica.requests or replica.live:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+
+
+async def test_steps_that_piled_up_while_the_consumer_was_busy_arrive_as_one_chunk(router, replicas):
+    replicas[1].reported_running = 3
+    await router.poll()  # the call goes to replicas[0]
+    async with aclosing(router.generate("req", REQUEST)) as chunks:
+        first = await anext(chunks)
+        await _until_sent(replicas[0])  # the consumer is busy elsewhere while the other two steps come
+        rest = [chunk async for chunk in chunks]
+    assert first.token_ids == tuple(TOKENS[:2])
+    assert len(rest) == 1 and rest[0].token_ids == tuple(TOKENS[2:])
+    assert rest[0].finish_reason == "stop" and rest[0].usage.steps == 3
+
+
+async def test_an_error_behind_piled_up_steps_comes_after_their_tokens(replicas):
+    router = Router([replicas[0].address], poll_interval=60)
+    await router.start()
+    replicas[0].tokens_per_step, replicas[0].hold_after_steps = 1, 4
+    try:
+        async with aclosing(router.generate("req", REQUEST)) as chunks:
+            await anext(chunks)
+            await asyncio.sleep(0.1)  # steps 2-4 arrive and wait; the fifth is held
+            await replicas[0].stop()
+            await asyncio.sleep(0.1)  # the stream's end is queued behind them
+            merged = await anext(chunks)
+            with pytest.raises(UpstreamError) as error:
+                await anext(chunks)
+    finally:
+        await router.close()
+    assert merged.token_ids == tuple(TOKENS[1:4]) and not merged.finish_reason
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
