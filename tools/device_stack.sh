@@ -52,6 +52,8 @@ for part in "$@"; do
       default_model || continue
       LIMIT=420 stack . final_new --clients 1 16 64 256 --ks 0 4 --num-requests 128 --hf 10
       LIMIT=150 stack .device/old final_old --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
+    old) default_model || continue
+      LIMIT=200 stack .device/old final_old --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
