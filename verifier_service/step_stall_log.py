@@ -1,10 +1,11 @@
 """Logs engine steps far slower than usual: what a dashboard's specd_step_seconds shows as a stall, with why.
 
 Fed every step's stats after the warm-up (the verifier's metrics exporter). A step over `factor` times the median
-of the recent steps logs one warning naming its length, that median, the forward passes it launched (tokens fed to
+of the recent steps, and over `min_seconds`, logs one warning naming its length, that median, the forward passes it launched (tokens fed to
 each), how many replayed a CUDA graph, and its stage times, so a stall can be traced to an eager forward, a new
 width, a preemption or a slow drafter. The median is recomputed every `refresh_steps` steps over the last
-`window` ones; no step is judged before `min_steps` have been seen.
+`window` ones; no step is judged before `min_steps` have been seen. The floor keeps ordinary prompt chunks out: at one
+client on an H200 every prefill (20-55 ms against 0.63 ms decode steps) logged a warning without it.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ logger = logging.getLogger(__name__)
 
 class StepStallLog:
     def __init__(self, factor: float = 10.0, window: int = 1024, min_steps: int = 100,
-                 refresh_steps: int = 64) -> None:
+                 refresh_steps: int = 64, min_seconds: float = 0.1) -> None:
         self.factor, self.min_steps, self.refresh_steps = factor, min_steps, refresh_steps
+        self.min_seconds = min_seconds
         self._recent: deque[float] = deque(maxlen=window)
         self._median = 0.0
         self._since_refresh = 0
@@ -28,7 +30,7 @@ class StepStallLog:
 
     def observe(self, step: StepStats) -> bool:
         """Adds one step; True (and a log line) when it stalled."""
-        stalled = len(self._recent) >= self.min_steps and step.seconds > self.factor * self._median
+        stalled = len(self._recent) >= self.min_steps and step.seconds > max(self.factor * self._median, self.min_seconds)
         if stalled:
             self.num_stalls += 1
             stages = ", ".join(f"{stage} {1000 * seconds:.2f}" for stage, seconds in step.stage_seconds.items())

@@ -11,7 +11,7 @@ def step(seconds: float, forward_tokens=(4,), replays: int = 1) -> StepStats:
 
 
 def test_a_step_over_ten_times_the_median_is_logged_with_its_widths(caplog):
-    log = StepStallLog(min_steps=20, refresh_steps=4)
+    log = StepStallLog(min_steps=20, refresh_steps=4, min_seconds=0)
     with caplog.at_level(logging.WARNING, logger="verifier_service.step_stall_log"):
         for _ in range(40):
             assert not log.observe(step(0.001))
@@ -33,8 +33,17 @@ def test_nothing_is_judged_before_enough_steps(caplog):
 
 def test_the_median_follows_the_load():
     """Steps that stay 20x longer (a much heavier batch) are stalls only until they are the recent median."""
-    log = StepStallLog(min_steps=20, window=64, refresh_steps=8)
+    log = StepStallLog(min_steps=20, window=64, refresh_steps=8, min_seconds=0)
     for _ in range(64):
         log.observe(step(0.001))
     stalls = [log.observe(step(0.02)) for _ in range(200)]
     assert all(stalls[:8]) and not any(stalls[64:])
+
+
+def test_a_prompt_chunk_of_tens_of_milliseconds_is_not_a_stall_but_a_compile_of_seconds_is():
+    """At one client on an H200: decode steps of 0.63 ms, prefills of 20-55 ms, a Triton compile of 2.55 s."""
+    log = StepStallLog(min_steps=20)
+    for _ in range(40):
+        log.observe(step(0.00063))
+    assert not log.observe(step(0.055, forward_tokens=(387, 1)))
+    assert log.observe(step(2.55, forward_tokens=(37, 1)))
