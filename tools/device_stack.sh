@@ -6,8 +6,10 @@
 #           (bench/gpu_profile_step.py --trace --graph)
 # throughput: the same random weights at 64 and 256 clients only, speculation off, stack beside engine
 # prefill : where a prompt's time to first token goes (bench/gpu_profile_step.py --prefill)
-# final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 clients with speculation off and on beside
-#           its engine alone and Hugging Face at batch 1, then the code in .device/old, stack only
+# final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
+#           beside its engine alone and Hugging Face at batch 1
+# ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
+# old     : the same stack runs for the code in .device/old (the commit measured against), stack only
 # real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
 #           stack with memory on, each prompt set twice (the second pass drafts from the first's outputs)
@@ -50,10 +52,15 @@ for part in "$@"; do
       LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
     final)
       default_model || continue
-      LIMIT=420 stack . final_new --clients 1 16 64 256 --ks 0 4 --num-requests 128 --hf 10
-      LIMIT=150 stack .device/old final_old --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
+      LIMIT=420 stack . final_new --clients 1 16 64 256 --ks 0 4 --num-requests 128 --hf 10 ;;
     old) default_model || continue
-      LIMIT=200 stack .device/old final_old --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
+      LIMIT=300 stack .device/old final_old --clients 1 16 64 256 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
+    ab64)  # this tree and .device/old alternating, random weights, 64 clients, speculation off
+      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      for round in 1 2; do
+        TAIL=3 LIMIT=120 stack . "ab64_new$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine
+        TAIL=3 LIMIT=120 stack .device/old "ab64_old$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine --port-offset 900
+      done ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
