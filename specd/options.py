@@ -22,6 +22,7 @@ ASYNC_SCHEDULING = ("auto", "on", "off")
 MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
 DRAFT_MEMORY_SCOPES = ("global", "per-key", "off")  # drafter_service/config.py's MEMORY_SCOPES
 DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.drafting
+DRAFT_POLICIES = ("goodput", "batch-size")  # verifier_service/engine/draft_policy.py
 MAX_GATEWAY_PROCESSES = 64
 DEFAULT_MAX_GATEWAY_PROCESSES = 8  # --gateway-processes auto takes no more
 # --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS.md, "CPU default for k").
@@ -63,6 +64,7 @@ class ServiceOptions:
     draft_memory_tokens: int | None = None  # drafter: tokens that memory holds (None = the drafter's default)
     draft_min_probability: float | None = None  # drafter: stop a draft below this chance (None = its default)
     drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
+    draft_policy: str = "goodput"  # verifier: how many drafts a step gets; "batch-size" = k up to 32 running
     drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
     max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
@@ -96,6 +98,8 @@ class ServiceOptions:
                              f"got {self.draft_memory_scope!r}")
         if self.drafting not in DRAFTING:
             raise ValueError(f"drafting: must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
+        if self.draft_policy not in DRAFT_POLICIES:
+            raise ValueError(f"draft_policy: must be one of {', '.join(DRAFT_POLICIES)}, got {self.draft_policy!r}")
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ValueError(f"async_scheduling: must be one of {', '.join(ASYNC_SCHEDULING)}, "
                              f"got {self.async_scheduling!r}")
@@ -197,6 +201,9 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="gateway: log prompts and outputs (off by default: they never reach the logs)")
     group.add_argument("--inject-delay-ms", type=int, default=int(_env("inject_delay_ms", 0)),
                        help="drafter: testing aid, delay every batch of drafts by this many milliseconds")
+    group.add_argument("--draft-policy", choices=DRAFT_POLICIES, default=_env("draft_policy", defaults.draft_policy),
+                       help="verifier: goodput = each step gets the drafts that pay in measured tokens a second at "
+                            "its batch size; batch-size = k drafts in every step of up to 32 running requests")
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
                        default=_env("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "
@@ -263,7 +270,7 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
         draft_memory_scope=args.draft_memory_scope,
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
-        drafting=args.drafting,
+        drafting=args.drafting, draft_policy=args.draft_policy,
         drain_seconds=args.drain_seconds, gateway_processes=args.gateway_processes,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
     )

@@ -46,6 +46,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         num_speculative_tokens=options.resolved_num_speculative_tokens(),
         max_speculative_tokens=options.max_speculative_tokens,
         max_model_len=options.max_model_len,
+        draft_goodput=options.draft_policy == "goodput",
         async_scheduling={"auto": None, "on": True, "off": False}[options.async_scheduling],
         tensor_parallel_size=options.tensor_parallel_size,
         **_cache_layout(device, options.kv_cache_bytes, options.kv_cache_memory_fraction),

@@ -51,6 +51,16 @@ def test_async_scheduling_reaches_the_engine_config(monkeypatch, argv, env, expe
     assert verifier_config_from_options(options).engine.async_scheduling is expected  # None = auto (CUDA only)
 
 
+@pytest.mark.parametrize("argv, env, expected", [([], {}, True), (["--draft-policy", "batch-size"], {}, False),
+                                                  ([], {"SPECD_DRAFT_POLICY": "batch-size"}, False)])
+def test_the_draft_policy_reaches_the_engine_config_and_up_forwards_it(monkeypatch, argv, env, expected):
+    options = parse(["verifier", "--device", "cpu", *argv], monkeypatch, **env)
+    assert verifier_config_from_options(options).engine.draft_goodput is expected
+    up = parse(["up", *argv], monkeypatch, **env)
+    verifier = next(s for s in plan_stack(up, num_verifiers=1, port_offset=0) if s.name.startswith("verifier"))
+    assert verifier.argv[verifier.argv.index("--draft-policy") + 1] == up.draft_policy
+
+
 @pytest.mark.parametrize("argv, env, expected", [([], {}, 8), (["--max-speculative-tokens", "12"], {}, 12),
                                                   ([], {"SPECD_MAX_SPECULATIVE_TOKENS": "6"}, 6),
                                                   (["--num-speculative-tokens", "10"], {}, 10)])
@@ -104,6 +114,7 @@ def test_up_gives_every_verifier_replica_the_tensor_parallel_size():
                                            ("device", {"device": "tpu"}),
                                            ("tensor_parallel_size", {"tensor_parallel_size": 0}),
                                            ("async_scheduling", {"async_scheduling": "yes"}),
+                                           ("draft_policy", {"draft_policy": "always"}),
                                            ("tls_cert", {"tls_cert": "c.pem"})])
 def test_bad_values_name_the_option(field, kwargs):
     with pytest.raises(ValueError, match=field):

@@ -29,6 +29,8 @@ class EngineConfig:
     adaptive_drafting: draft in no step with more than max_draft_batch_size running requests
         (engine/draft_policy.py; False: every step may draft); output is unchanged either way.
     max_draft_batch_size: see adaptive_drafting (0 = no limit).
+    draft_goodput: with adaptive_drafting, each step's drafts are capped where they stop paying in measured
+        tokens a second at its batch size (engine/draft_policy.py).
     async_scheduling: schedule and launch the next step while the device runs this one (engine.py); None =
         on CUDA only (on the CPU the forward runs synchronously, so overlapping gains nothing).
     tensor_parallel_size: processes (one GPU each on CUDA) the model is sharded over (verifier_service/parallel/).
@@ -53,6 +55,7 @@ class EngineConfig:
     compile_model: bool = True
     adaptive_drafting: bool = True
     max_draft_batch_size: int = 32
+    draft_goodput: bool = True
     async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     random_weights: bool = False

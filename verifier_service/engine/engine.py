@@ -296,6 +296,10 @@ class Engine:
         if released and self.proposer is not None:
             self.proposer.release(released)
         self.step_stats.end()
+        policy = self.scheduler.draft_policy
+        if policy is not None:  # the step's cost and its drafts' fate, for the next steps' draft caps
+            with self._lock:
+                policy.observe(batch, verified.num_accepted, self.step_stats.current.seconds)
         return outputs
 
     def _resolve_in_flight(self, batch_indices: list[int], verified: VerifiedTokens) -> None:
@@ -330,7 +334,7 @@ def build_draft_policy(config: EngineConfig) -> DraftPolicy | None:
     """The drafting policy the config asks for (None: every decoding request drafts every step)."""
     if not config.adaptive_drafting:
         return None
-    return DraftPolicy(DraftPolicyConfig(max_batch_size=config.max_draft_batch_size))
+    return DraftPolicy(DraftPolicyConfig(max_batch_size=config.max_draft_batch_size, goodput=config.draft_goodput))
 
 
 def build_model_runner(config: EngineConfig, drafts: bool = True, shard=None, on_rank_failure=None):

@@ -15,8 +15,9 @@ limit within the step in flight is not scheduled ahead. A step scheduled ahead p
 request would lose its tokens in flight). A request stopped by a stop token in update() may already be in
 the step scheduled ahead: that step's result for it is dropped (work wasted, output exact).
 
-Draft slots: every decoding request gets min(its k, max_speculative_tokens) slots when the draft policy lets
-the step draft (draft_policy.py); the proposer fills as many as its evidence supports.
+Draft slots: every decoding request gets min(its k, max_speculative_tokens, the draft policy's cap for the
+step's batch size: what pays in measured goodput, draft_policy.py) slots; the proposer fills as many as its
+evidence supports.
 """
 from __future__ import annotations
 
@@ -102,11 +103,13 @@ class Scheduler:
         if self.draft_policy is not None and not self.draft_policy.batch_allows_drafts(len(self.running)):
             return []
         wanted = []
+        cap = self._draft_cap
         for scheduled in in_flight.requests:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING or not scheduled.num_logits:
                 continue
-            k = self._max_drafts(request, extra=scheduled.num_draft_tokens + 1)
+            k = min(self._max_drafts(request, extra=scheduled.num_draft_tokens + 1),
+                    cap(request.num_speculative_tokens, count=False))
             if k > 0:
                 params = request.params
                 wanted.append(DraftRequest(request.request_id, request.token_ids,
@@ -181,11 +184,20 @@ class Scheduler:
         num_tokens = min(num_remaining, budget)
         if num_remaining > 1:
             return num_tokens, 0
-        if request.num_speculative_tokens <= 0 or (self.draft_policy is not None
-                                                   and not self.draft_policy.allows(len(self.running))):
+        cap = self._draft_cap(request.num_speculative_tokens)
+        if cap <= 0:
             return num_tokens, 0  # the policy first: a large batch (the common case) needs no per-request caps
-        max_drafts = self._max_drafts(request, extra=request.num_pending_drafts)
+        max_drafts = min(cap, self._max_drafts(request, extra=request.num_pending_drafts))
         return num_tokens, max(0, min(max_drafts, budget - 1))
+
+    def _draft_cap(self, k: int, count: bool = True) -> int:
+        """The drafts the policy lets a request asking k have in a step of the running batch (draft_policy.py);
+        with `count`, a request held back counts in the policy's num_skipped."""
+        if k <= 0 or self.draft_policy is None:
+            return k
+        if count:
+            return self.draft_policy.allowed_drafts(len(self.running), k)
+        return self.draft_policy.cap(len(self.running), k)
 
     def _max_drafts(self, request: Request, extra: int = 0) -> int:
         """k, capped so that max_tokens and max_model_len are never exceeded (k drafts emit k + 1), even if
