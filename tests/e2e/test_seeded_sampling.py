@@ -19,10 +19,15 @@ def complete(url: str, **fields) -> dict:
 
 
 def test_the_reported_seed_reproduces_an_unseeded_sampled_completion(stack):
-    first = complete(stack.http_url)
+    # A completion some of whose drafts were verified and accepted. The async verifiers never wait for the
+    # drafter: on a busy machine its replies can miss every step of one request, so up to three are tried.
+    for _ in range(3):
+        first = complete(stack.http_url)
+        if first["usage"]["speculative"]["accepted_tokens"] > 0:
+            break
+    assert first["usage"]["speculative"]["accepted_tokens"] > 0
     seed, text = first["seed"], first["choices"][0]["text"]
     assert isinstance(seed, int) and 0 <= seed < 2**63
-    assert first["usage"]["speculative"]["accepted_tokens"] > 0  # drafts were verified, and some accepted
     assert complete(stack.http_url)["seed"] != seed  # each unseeded request draws its own
     assert complete(stack.http_url, seed=seed, num_speculative_tokens=0)["choices"][0]["text"] == text
     assert complete(stack.http_url, seed=seed, num_speculative_tokens=8)["choices"][0]["text"] == text
