@@ -64,7 +64,7 @@ class ServiceOptions:
     draft_memory_tokens: int | None = None  # drafter: tokens that memory holds (None = the drafter's default)
     draft_min_probability: float | None = None  # drafter: stop a draft below this chance (None = its default)
     drafting: str = "evidence"  # drafter: its rule; "ngram" = plain prompt lookup, for comparisons
-    draft_policy: str = "goodput"  # verifier: how many drafts a step gets; "batch-size" = k up to 32 running
+    draft_policy: str = "batch-size"  # verifier: how many drafts a step gets ("goodput": measured, experimental)
     drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
     max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
@@ -202,8 +202,9 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inject-delay-ms", type=int, default=int(_env("inject_delay_ms", 0)),
                        help="drafter: testing aid, delay every batch of drafts by this many milliseconds")
     group.add_argument("--draft-policy", choices=DRAFT_POLICIES, default=_env("draft_policy", defaults.draft_policy),
-                       help="verifier: goodput = each step gets the drafts that pay in measured tokens a second at "
-                            "its batch size; batch-size = k drafts in every step of up to 32 running requests")
+                       help="verifier: batch-size = k drafts in every step of up to 32 running requests; goodput "
+                            "(experimental) = each step gets the drafts that pay in measured tokens a second at its "
+                            "batch size")
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
                        default=_env("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "

@@ -51,8 +51,8 @@ def test_async_scheduling_reaches_the_engine_config(monkeypatch, argv, env, expe
     assert verifier_config_from_options(options).engine.async_scheduling is expected  # None = auto (CUDA only)
 
 
-@pytest.mark.parametrize("argv, env, expected", [([], {}, True), (["--draft-policy", "batch-size"], {}, False),
-                                                  ([], {"SPECD_DRAFT_POLICY": "batch-size"}, False)])
+@pytest.mark.parametrize("argv, env, expected", [([], {}, False), (["--draft-policy", "goodput"], {}, True),
+                                                  ([], {"SPECD_DRAFT_POLICY": "goodput"}, True)])
 def test_the_draft_policy_reaches_the_engine_config_and_up_forwards_it(monkeypatch, argv, env, expected):
     options = parse(["verifier", "--device", "cpu", *argv], monkeypatch, **env)
     assert verifier_config_from_options(options).engine.draft_goodput is expected

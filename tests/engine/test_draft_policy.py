@@ -15,6 +15,7 @@ from verifier_service.engine.engine import Engine
 from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 K = 4
+GOODPUT = DraftPolicyConfig(goodput=True)
 
 
 def test_no_drafts_in_steps_with_more_running_requests_than_the_limit():
@@ -39,20 +40,20 @@ def teach(policy: DraftPolicy, batch_size: int, width_seconds: dict[int, float],
 
 
 def test_with_nothing_measured_a_request_gets_its_k():
-    policy = DraftPolicy()
+    policy = DraftPolicy(GOODPUT)
     assert policy.cap(1, K) == K and policy.cap(16, 2) == 2
 
 
 def test_drafts_that_are_accepted_and_cheap_to_score_stay():
     """A memory-bound step (H200, default model: verify k = 4 at 1.12x decode); 0 to 4 drafts accepted in turn."""
-    policy = DraftPolicy()
+    policy = DraftPolicy(GOODPUT)
     teach(policy, 1, {1: 0.63e-3, 5: 0.71e-3}, accepted=[0, 1, 2, 3, 4])
     assert policy.cap(1, K) == K
 
 
 def test_drafts_that_do_not_pay_are_turned_off_but_looked_at_again():
     """A compute-bound batch: a verify step costs 3x decode, and drafts are rarely accepted."""
-    policy = DraftPolicy(DraftPolicyConfig(explore_every=8))
+    policy = DraftPolicy(DraftPolicyConfig(goodput=True, explore_every=8))
     teach(policy, 16, {1: 1e-3, 5: 3e-3}, accepted=[0])
     caps = []
     for _ in range(16):
@@ -65,7 +66,7 @@ def test_drafts_that_do_not_pay_are_turned_off_but_looked_at_again():
 
 def test_the_cap_is_where_goodput_peaks():
     """Acceptance that falls with the position, a cost that rises with the width: 2 drafts pay best."""
-    policy = DraftPolicy()
+    policy = DraftPolicy(GOODPUT)
     for _ in range(40):
         for width, seconds in {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.8, 5: 2.4}.items():
             accepted = [min(width - 1, 2)] * 4  # positions 0-1 always accepted, 2-3 never
@@ -74,7 +75,7 @@ def test_the_cap_is_where_goodput_peaks():
 
 
 def test_plain_steps_are_measured_first_where_only_drafting_ones_were():
-    policy = DraftPolicy()
+    policy = DraftPolicy(GOODPUT)
     teach(policy, 4, {5: 2e-3}, accepted=[0], steps=64)
     caps = []
     for _ in range(12):
@@ -86,7 +87,7 @@ def test_plain_steps_are_measured_first_where_only_drafting_ones_were():
 def test_steps_with_a_prompt_chunk_teach_nothing():
     """Drafts never accepted, cheap to score: off. Had the 1 s steps with a prompt chunk counted as plain
     decoding, drafting would have looked cheaper."""
-    policy = DraftPolicy()
+    policy = DraftPolicy(GOODPUT)
     chunk = ScheduledRequest("p", [1] * 64, 0, [0], 0, 1)
     for _ in range(40):
         policy.observe(ScheduledBatch([chunk] + decode_step(3, 0).requests), [0] * 4, 1.0)
@@ -138,7 +139,7 @@ def expected(references):
 
 
 def test_rejected_drafts_do_not_stop_a_request_from_drafting_under_the_batch_size_policy(references):
-    outputs, engine = generate(AdversarialProposer(references, VOCAB), draft_goodput=False)
+    outputs, engine = generate(AdversarialProposer(references, VOCAB))
     assert outputs == expected(references)
     stats = engine.take_step_stats()
     assert sum(s.num_draft_skips for s in stats) == 0
@@ -178,7 +179,8 @@ class WidthTimedRunner(FakePagedRunner):
 
 def test_an_engine_stops_scoring_drafts_that_cost_more_than_they_bring():
     long_references = {rid: prompt + greedy_reference(prompt, 240, VOCAB) for rid, prompt in PROMPTS.items()}
-    engine = Engine(EngineConfig(num_speculative_tokens=K), AdversarialProposer(long_references, VOCAB),
+    engine = Engine(EngineConfig(num_speculative_tokens=K, draft_goodput=True),
+                    AdversarialProposer(long_references, VOCAB),
                     runner=WidthTimedRunner(num_blocks=128, vocab_size=VOCAB))
     for rid, prompt in PROMPTS.items():
         engine.add_request(rid, prompt, SamplingParams(max_tokens=200, ignore_eos=True))
@@ -191,7 +193,7 @@ def test_an_engine_stops_scoring_drafts_that_cost_more_than_they_bring():
 
 def test_an_engine_keeps_drafts_that_pay():
     long_references = {rid: prompt + greedy_reference(prompt, 400, VOCAB) for rid, prompt in PROMPTS.items()}
-    engine = Engine(EngineConfig(num_speculative_tokens=K), OracleProposer(long_references),
+    engine = Engine(EngineConfig(num_speculative_tokens=K, draft_goodput=True), OracleProposer(long_references),
                     runner=WidthTimedRunner(num_blocks=128, vocab_size=VOCAB))
     for rid, prompt in PROMPTS.items():
         engine.add_request(rid, prompt, SamplingParams(max_tokens=200, ignore_eos=True))

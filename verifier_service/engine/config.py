@@ -30,7 +30,7 @@ class EngineConfig:
         (engine/draft_policy.py; False: every step may draft); output is unchanged either way.
     max_draft_batch_size: see adaptive_drafting (0 = no limit).
     draft_goodput: with adaptive_drafting, each step's drafts are capped where they stop paying in measured
-        tokens a second at its batch size (engine/draft_policy.py).
+        tokens a second at its batch size (engine/draft_policy.py). Off by default: not yet shown to pay.
     async_scheduling: schedule and launch the next step while the device runs this one (engine.py); None =
         on CUDA only (on the CPU the forward runs synchronously, so overlapping gains nothing).
     tensor_parallel_size: processes (one GPU each on CUDA) the model is sharded over (verifier_service/parallel/).
@@ -55,7 +55,7 @@ class EngineConfig:
     compile_model: bool = True
     adaptive_drafting: bool = True
     max_draft_batch_size: int = 32
-    draft_goodput: bool = True
+    draft_goodput: bool = False
     async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     random_weights: bool = False

@@ -1,4 +1,5 @@
-"""How many draft slots a step gets: as many as pay for themselves in tokens per second (goodput).
+"""How many draft slots a step gets: k in every step of up to `max_batch_size` running requests, or, with
+`goodput` (experimental, `--draft-policy goodput`), as many as pay for themselves in tokens per second.
 
 A decode / verify step is padded to one width for the whole batch (a captured CUDA graph of width up to
 k + 1 tokens per sequence), so one request with drafts makes every sequence in the step score that many
@@ -18,7 +19,13 @@ traffic or in the costs is seen. At a batch size where drafting steps were measu
 first `min_steps` steps decode without drafts to measure the baseline. A width not measured yet at a batch size is interpolated between the
 measured ones (beyond them: as the nearest, so that it gets tried). Caps within `margin` of the best keep the wider one: noise must not toggle drafting.
 
-Besides that, steps with more than `max_batch_size` running requests never draft: verify widths have
+Not yet the default: on an H200 through the stack (default model, docs/BENCHMARKS.md round 21) it made 2,863 /
+6,396 tok/s at 16 / 64 clients with k = 4 against the batch-size rule's 2,762 / 8,455, one run each, where
+runs of one setting spread by up to 1.6x; on the CPU the two were within noise. It judges a step by the
+engine's step time, and at 16 clients drafting paid there (1.39 tokens a step for 1.25x the score time)
+while the stack's tokens a second still fell (0.89x k = 0).
+
+Either way, steps with more than `max_batch_size` running requests never draft: verify widths have
 CUDA graphs only up to that batch size (cuda_graphs.py).
 
 Which of its slots a request fills is the drafter's call, from the evidence it has (match length, how often a
@@ -35,7 +42,7 @@ from verifier_service.engine.batch import ScheduledBatch
 @dataclass(frozen=True)
 class DraftPolicyConfig:
     max_batch_size: int = 32  # no drafting in steps with more running requests (0 = no limit)
-    goodput: bool = True  # cap drafts by measured goodput (False: every step under max_batch_size drafts k)
+    goodput: bool = False  # cap drafts by measured goodput (False: every step under max_batch_size drafts k)
     explore_every: int = 64  # with drafts off for a batch size, one step in this many drafts anyway
     margin: float = 0.03  # a narrower cap must beat a wider one by this share of goodput
     min_steps: int = 8  # steps a (batch, width) cost needs before it counts as measured

@@ -16,7 +16,7 @@ request would lose its tokens in flight). A request stopped by a stop token in u
 the step scheduled ahead: that step's result for it is dropped (work wasted, output exact).
 
 Draft slots: every decoding request gets min(its k, max_speculative_tokens, the draft policy's cap for the
-step's batch size: what pays in measured goodput, draft_policy.py) slots; the proposer fills as many as its
+step's batch size: none above 32 running requests, or what pays in measured goodput, draft_policy.py) slots; the proposer fills as many as its
 evidence supports.
 """
 from __future__ import annotations
