@@ -9,6 +9,7 @@
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
 #           beside its engine alone and Hugging Face at batch 1
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
+# policy  : the real weights, --draft-policy goodput at 1 / 16 / 64 clients (k = 0, 4), then batch-size at 16 / 64 (k = 4)
 # old     : the same stack runs for the code in .device/old (the commit measured against), stack only
 # real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
@@ -61,6 +62,11 @@ for part in "$@"; do
         TAIL=3 LIMIT=120 stack . "ab64_new$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine
         TAIL=3 LIMIT=120 stack .device/old "ab64_old$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine --port-offset 900
       done ;;
+    policy)  # the draft policy: goodput (this tree's default) against batch-size, same requests, stack only
+      default_model || continue
+      LIMIT=230 stack . policy_goodput --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine
+      LIMIT=150 stack . policy_batch_size --clients 16 64 --ks 4 --num-requests 128 --no-engine --port-offset 900 \
+        -- --draft-policy batch-size ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
