@@ -1,4 +1,4 @@
-"""Prometheus export of the drafter's stats (names fixed by CONTRACT.md).
+"""Prometheus export of the drafter's stats (names fixed by docs/PUBLIC_SURFACE.md).
 
 The servicer only fills a plain `StepStats` per batch; this module turns it into metrics. Every labelled
 series exists from start-up at 0. The draft length histogram is filled from the store's per-length

@@ -1,5 +1,5 @@
 """Every HTTP error as an OpenAI error object `{"error": {"message", "type", "param", "code"}}`, each
-counted in specd_request_errors_total under the grpc code of the same meaning (CONTRACT.md)."""
+counted in specd_request_errors_total under the grpc code of the same meaning (docs/PUBLIC_SURFACE.md)."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request

@@ -1,4 +1,4 @@
-"""The gateway's Prometheus metrics (CONTRACT.md), recorded from finished requests' RequestStats."""
+"""The gateway's Prometheus metrics (docs/PUBLIC_SURFACE.md), recorded from finished requests' RequestStats."""
 from __future__ import annotations
 
 import os

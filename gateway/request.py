@@ -39,7 +39,7 @@ class GenerationRequest:
 
 @dataclass
 class Usage:
-    """Per-request counts (CONTRACT.md): steps counts the forward passes that emitted tokens."""
+    """Per-request counts (docs/PUBLIC_SURFACE.md): steps counts the forward passes that emitted tokens."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -34,7 +34,7 @@ class ServiceProcess:
 
 
 def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) -> list[ServiceProcess]:
-    """The processes of one stack: drafter, verifier replicas, gateway, on the ports of CONTRACT.md + offset."""
+    """The processes of one stack: drafter, verifier replicas, gateway, on the default ports + offset."""
     if not 1 <= num_verifiers <= MAX_VERIFIERS:
         raise ValueError(f"num_verifiers: must be in 1..{MAX_VERIFIERS}, got {num_verifiers}")
     loopback = "127.0.0.1"

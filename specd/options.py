@@ -9,7 +9,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-# Default ports of CONTRACT.md: (gRPC, HTTP / metrics).
+# Default ports of docs/PUBLIC_SURFACE.md: (gRPC, HTTP / metrics).
 GATEWAY_PORTS = (50051, 8000)
 VERIFIER_PORTS = (50061, 9461)
 DRAFTER_PORTS = (50071, 9471)
@@ -179,7 +179,7 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter-addr", default=_env("drafter_addr", defaults.drafter_addr))
     group.add_argument("--host", default=_env("host", defaults.host))
     group.add_argument("--port", type=int, default=_optional_int(_env("port", None)),
-                       help="gRPC port (default: the service's port of CONTRACT.md)")
+                       help="gRPC port (default: the service's port of docs/PUBLIC_SURFACE.md)")
     group.add_argument("--http-port", type=int, default=_optional_int(_env("http_port", None)),
                        help=f"gateway HTTP port (default {GATEWAY_PORTS[1]})")
     group.add_argument("--metrics-port", type=int, default=_optional_int(_env("metrics_port", None)))

@@ -1,7 +1,7 @@
 """Maps the shared CLI options onto the gateway's and the drafter's frozen configs.
 
 (The verifier's lives beside its config: verifier_service/config.py.) Ports left unset take the
-defaults of CONTRACT.md.
+defaults of docs/PUBLIC_SURFACE.md.
 """
 from __future__ import annotations
 

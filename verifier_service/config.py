@@ -27,7 +27,7 @@ class VerifierConfig:
 
 
 def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
-    """The verifier's config from `specd verifier` options (ports default to CONTRACT.md's)."""
+    """The verifier's config from `specd verifier` options (ports default to docs/PUBLIC_SURFACE.md's)."""
     tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
     # The drafter is dialled with the same CA and client certificate this server presents.
     drafter_tls = TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None

@@ -1,4 +1,4 @@
-"""CONTRACT.md's metric names, written out literally, are what the services expose (pinned here so a
+"""docs/PUBLIC_SURFACE.md's metric names, written out literally, are what the services expose (pinned here so a
 rename in tests/support/specd_metrics.py cannot drift from the public surface unnoticed)."""
 from support.specd_metrics import all_series_names
 
@@ -22,3 +22,19 @@ CONTRACT_SAMPLE_NAMES = {
 
 def test_every_contract_metric_is_among_the_pinned_families():
     assert CONTRACT_SAMPLE_NAMES <= all_series_names()
+
+
+def test_the_public_surface_document_names_every_pinned_metric_family_and_default_port():
+    """docs/PUBLIC_SURFACE.md is the repository's own statement of what users may rely on: every family the
+    services must expose is written there (counters with _total), and so are the default ports."""
+    from pathlib import Path
+
+    from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, VERIFIER_PORTS
+    from support.specd_metrics import DRAFTER_FAMILIES, GATEWAY_FAMILIES, VERIFIER_FAMILIES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "PUBLIC_SURFACE.md").read_text()
+    for family, kind in {**VERIFIER_FAMILIES, **GATEWAY_FAMILIES, **DRAFTER_FAMILIES}.items():
+        name = family + "_total" if kind == "counter" else family
+        assert f"`{name}" in text, f"docs/PUBLIC_SURFACE.md does not name {name}"
+    for grpc_port, http_port in (GATEWAY_PORTS, VERIFIER_PORTS, DRAFTER_PORTS):
+        assert f"| {grpc_port} | {http_port}" in text

@@ -80,7 +80,7 @@ def test_panel_query_filters_by_namespace_and_instance_and_uses_rate_interval(qu
     selectors = re.findall(r"(specd_\w+)(\{[^}]*\})?", query.expr)
     assert selectors, f"no specd metric in {query.expr}"
     for name, labels in selectors:
-        assert name in all_series_names(), f"{name} is not a CONTRACT.md metric"
+        assert name in all_series_names(), f"{name} is not a docs/PUBLIC_SURFACE.md metric"
         assert SELECTOR in labels, f"{name} lacks the namespace/instance filter in {query.expr}"
     for window in re.findall(r"\[([^\]]+)\]", query.expr):
         assert window == "$__rate_interval", f"range [{window}] instead of [$__rate_interval]"

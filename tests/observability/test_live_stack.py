@@ -1,4 +1,4 @@
-"""The running stack's metrics, after real requests: each service's /metrics has the CONTRACT.md
+"""The running stack's metrics, after real requests: each service's /metrics has the docs/PUBLIC_SURFACE.md
 families and no promtool findings, and a real Prometheus scraping the stack answers every dashboard
 query with the numbers the responses reported.
 
@@ -70,7 +70,7 @@ def test_metrics_expose_the_contract_families_with_their_types(stack, traffic, s
     exposed = families(scrape(stack, service))
     for name, kind in SERVICES[service].items():
         assert name in exposed, f"{service} /metrics lacks {name}"
-        assert exposed[name].type == kind, f"{name} is a {exposed[name].type}, CONTRACT.md says {kind}"
+        assert exposed[name].type == kind, f"{name} is a {exposed[name].type}, docs/PUBLIC_SURFACE.md says {kind}"
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 import socket
 
-STACK_PORTS = (50051, 8000, 50061, 9461, 50071, 9471)  # a one-verifier stack's defaults (CONTRACT.md)
+STACK_PORTS = (50051, 8000, 50061, 9461, 50071, 9471)  # a one-verifier stack's defaults (docs/PUBLIC_SURFACE.md)
 
 
 def port_is_free(port: int) -> bool:

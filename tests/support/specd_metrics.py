@@ -1,4 +1,4 @@
-"""The Prometheus metric families CONTRACT.md promises, per service, with their types."""
+"""The Prometheus metric families docs/PUBLIC_SURFACE.md promises, per service, with their types."""
 from __future__ import annotations
 
 VERIFIER_FAMILIES = {
@@ -15,8 +15,8 @@ VERIFIER_FAMILIES = {
     "specd_kv_cache_usage_ratio": "gauge",
     "specd_num_preemptions": "counter",
     "specd_drafter_fallbacks": "counter",
-    "specd_steps_scheduled_ahead": "counter",  # beyond CONTRACT.md: async scheduling
-    "specd_forward_passes": "counter",  # beyond CONTRACT.md: label path (graph | eager)
+    "specd_steps_scheduled_ahead": "counter",  # beyond docs/PUBLIC_SURFACE.md: async scheduling
+    "specd_forward_passes": "counter",  # beyond docs/PUBLIC_SURFACE.md: label path (graph | eager)
 }
 GATEWAY_FAMILIES = {
     "specd_time_to_first_token_seconds": "histogram",
@@ -35,7 +35,7 @@ DRAFTER_FAMILIES = {
     "specd_drafter_memory_tokens": "gauge",
     "specd_drafter_draft_length": "histogram",
 }
-# Stages CONTRACT.md requires of specd_step_stage_seconds{stage}.
+# Stages docs/PUBLIC_SURFACE.md requires of specd_step_stage_seconds{stage}.
 REQUIRED_STAGES = {"propose", "score", "verify", "schedule"}
 
 
