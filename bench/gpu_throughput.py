@@ -26,7 +26,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
-from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up  # noqa: E402
+from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects  # noqa: E402
+from verifier_service.engine.warm_up import warm_up  # noqa: E402
 
 # name -> (speculation, EngineConfig changes); "always" = every decoding request drafts every step (round 1).
 CONFIGS = {

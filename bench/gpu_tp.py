@@ -49,7 +49,8 @@ from bench.gpu_throughput import run, workload  # noqa: E402
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
-from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up  # noqa: E402
+from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects  # noqa: E402
+from verifier_service.engine.warm_up import warm_up  # noqa: E402
 from verifier_service.parallel.collectives import all_reduce_in_use  # noqa: E402
 from bench.tp_timeline import TIMELINE_ENV  # noqa: E402
 

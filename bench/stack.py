@@ -187,7 +187,8 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
     from specd.options import options_from_args
     from verifier_service.config import verifier_config_from_options
     from verifier_service.engine.engine import Engine, build_model_runner
-    from verifier_service.engine.warm_up import freeze_start_up_objects, warm_up
+    from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects
+    from verifier_service.engine.warm_up import warm_up
 
     options = options_from_args(build_parser().parse_args(["verifier", *verifier_options]))
     config = verifier_config_from_options(options).engine

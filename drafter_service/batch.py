@@ -15,6 +15,19 @@ MAX_TENANT_KEY_CHARS = 128  # the gateway sends 32 hex digits
 
 
 @dataclass(frozen=True)
+class DraftRequest:
+    """One request's need for drafts this step, as a verifier's engine asks any proposer (this drafter over
+    gRPC or in-process, or the tests' oracles)."""
+
+    request_id: str
+    token_ids: Sequence[int]  # the whole context so far: prompt + generated tokens (do not mutate)
+    num_draft_tokens: int  # at most this many drafts are used (already capped by max_tokens / model len)
+    min_ngram: int = 0  # 0 = the proposer's default
+    max_ngram: int = 0
+    tenant_key: str = ""  # whose memory of earlier outputs may draft it (the drafter's per-key scope)
+
+
+@dataclass(frozen=True)
 class SequenceDelta:
     """One sequence's part of a step, spelled out (ProposeBatch.from_deltas builds the columns)."""
 

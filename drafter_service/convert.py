@@ -6,8 +6,8 @@ Both messages are columnar, like the domain batch, so conversion is a handful of
 from __future__ import annotations
 
 from drafter_service.batch import DraftBatch, ProposeBatch
+from specd.errors import InvalidParameter
 from specd.v1 import drafter_pb2
-from verifier_service.engine.sampling_params import InvalidParameter
 
 
 def batch_from_pb(request: drafter_pb2.ProposeRequest) -> ProposeBatch:

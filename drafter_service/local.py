@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from drafter_service.batch import ProposeBatch, SequenceDelta
+from drafter_service.batch import DraftRequest, ProposeBatch, SequenceDelta
 from drafter_service.config import DrafterConfig
 from drafter_service.stores import new_sequence_store
-from verifier_service.engine.proposer import DraftRequest
 
 _SESSION = 0  # the store's namespace for this process's request ids
 

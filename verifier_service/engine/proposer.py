@@ -12,20 +12,9 @@ so the round trip overlaps the host's other work too (`begin` adapts proposers w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True)
-class DraftRequest:
-    """One request's need for drafts this step."""
-
-    request_id: str
-    token_ids: Sequence[int]  # the whole context so far: prompt + generated tokens (do not mutate)
-    num_draft_tokens: int  # at most this many drafts are used (already capped by max_tokens / model len)
-    min_ngram: int = 0  # 0 = the proposer's default
-    max_ngram: int = 0
-    tenant_key: str = ""  # whose memory of earlier outputs may draft it (the drafter's per-key scope)
+from drafter_service.batch import DraftRequest  # the question any proposer answers, defined by the drafter
 
 
 class PendingProposal(Protocol):

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from specd.errors import InvalidParameter  # noqa: F401 - re-exported: the engine's callers import it here
 from specd.float32 import as_float32
 
 MAX_LOGPROBS = 20  # most likely alternatives a request may ask for per token (OpenAI's chat maximum)
@@ -107,15 +108,3 @@ class SamplingParams:
         for token in self.logit_bias:
             if token >= vocab_size:
                 raise InvalidParameter(f"logit_bias[{token}]", f"token id outside the vocabulary [0, {vocab_size})")
-
-
-class InvalidParameter(ValueError):
-    """A request field has a bad value; `field` names it (mapped to INVALID_ARGUMENT / HTTP 400)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-        self.message = message
-
-    def __reduce__(self):  # crosses the engine process's pipe
-        return InvalidParameter, (self.field, self.message)

@@ -1,9 +1,6 @@
 """The engine's warm-up: what the verifier runs before it reports SERVING, and what GPU benches run before
-they time anything, so both pay for lazy set-up in the same place; then start-up's objects frozen out of the
-garbage collector's way (every rank of a tensor-parallel verifier does it)."""
+they time anything, so both pay for lazy set-up in the same place (then start_up_objects.freeze())."""
 from __future__ import annotations
-
-import gc
 
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.sampling_params import SamplingParams
@@ -29,13 +26,3 @@ def warm_up(engine: Engine) -> None:
         while engine.has_unfinished_requests():
             engine.step()
     engine.take_step_stats()  # the warm-up does not count in the metrics
-
-
-def freeze_start_up_objects() -> int:
-    """After the warm-up: the Python objects start-up made, frozen out of the collector's way; how many. Loading,
-    compiling and capturing leave millions of long-lived objects (torch.compile's caches among them). Frozen, full
-    collections stop walking them: a collection pause inside a step is time the GPU waits for the host (under
-    async scheduling; under tensor parallelism every other rank waits too, at the step's first all-reduce)."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()

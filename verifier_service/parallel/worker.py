@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.model_runner import ModelRunner, resolve_device
-from verifier_service.engine.warm_up import freeze_start_up_objects
+from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects
 from verifier_service.parallel.batch_codec import decode_batch
 from verifier_service.parallel.diagnostics import (FIRST_STEPS_LOGGED, describe_step, phase,
                                                    register_stack_dump_signal)
