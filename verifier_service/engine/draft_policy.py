@@ -154,7 +154,9 @@ class DraftPolicy:
 
     def observe(self, batch: ScheduledBatch, num_accepted: list[int], seconds: float) -> None:
         """One finished step: its batch, each request's accepted drafts, and how long the step took. Steps that
-        fed a prompt chunk say nothing about decoding costs and are skipped."""
+        fed a prompt chunk say nothing about decoding costs and are skipped; without goodput nothing is learned."""
+        if not self.config.goodput:
+            return
         decoding = [r for r in batch.requests if r.num_logits and r.num_tokens - r.num_draft_tokens == 1]
         if not decoding or len(decoding) != len(batch.requests):
             return
