@@ -47,7 +47,9 @@ def wait_for(condition, process: subprocess.Popen, timeout: float = 240.0) -> No
 
 def stop_and_check(process: subprocess.Popen, signals: tuple[int, ...], ports: list[int], rng: random.Random) -> None:
     """Sends `signals` (a short random gap between them), then requires a clean, complete stop."""
-    tree = [process.pid, *(child.pid for child in psutil.Process(process.pid).children(recursive=True))]
+    children = psutil.Process(process.pid).children(recursive=True)
+    tree = [process.pid, *(child.pid for child in children)]
+    trackers = {child.pid for child in children if "resource_tracker" in " ".join(child.cmdline())}
     for index, signum in enumerate(signals):
         if index:
             time.sleep(rng.uniform(0.0, 0.3))
@@ -57,10 +59,23 @@ def stop_and_check(process: subprocess.Popen, signals: tuple[int, ...], ports: l
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running {STOP_WITHIN_SECONDS} s after {signals} (seed {SEED})")
     assert code == 0, f"exit code {code} after {signals} (seed {SEED})"
-    alive = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = [pid for pid in tree if _alive(pid)]
+    # multiprocessing's resource tracker (started with the spawned workers) exits once it reads the end of its
+    # pipe, which the parent's exit closes: a moment after the parent, not before it.
+    deadline = time.monotonic() + 5.0
+    while alive and all(pid in trackers for pid in alive) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [pid for pid in alive if _alive(pid)]
     assert not alive, f"still alive after the stop: {alive} (seed {SEED})"
     busy = [port for port in ports if not port_is_free(port)]
     assert not busy, f"ports still bound: {busy} (seed {SEED})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def service(command: str, *args: str) -> tuple[subprocess.Popen, list[int]]:
