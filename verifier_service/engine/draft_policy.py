@@ -118,6 +118,11 @@ class DraftPolicy:
         self.num_skipped += cap == 0 and k > 0
         return cap
 
+    @property
+    def learns(self) -> bool:
+        """Whether finished steps should be observed (only goodput learns from them)."""
+        return self.config.goodput
+
     def batch_allows_drafts(self, num_running: int) -> bool:
         """The hard rule: no drafting with more than max_batch_size running requests (0 = no limit)."""
         limit = self.config.max_batch_size
@@ -154,9 +159,7 @@ class DraftPolicy:
 
     def observe(self, batch: ScheduledBatch, num_accepted: list[int], seconds: float) -> None:
         """One finished step: its batch, each request's accepted drafts, and how long the step took. Steps that
-        fed a prompt chunk say nothing about decoding costs and are skipped; without goodput nothing is learned."""
-        if not self.config.goodput:
-            return
+        fed a prompt chunk say nothing about decoding costs and are skipped."""
         decoding = [r for r in batch.requests if r.num_logits and r.num_tokens - r.num_draft_tokens == 1]
         if not decoding or len(decoding) != len(batch.requests):
             return

@@ -297,7 +297,7 @@ class Engine:
             self.proposer.release(released)
         self.step_stats.end()
         policy = self.scheduler.draft_policy
-        if policy is not None:  # the step's cost and its drafts' fate, for the next steps' draft caps
+        if policy is not None and policy.learns:  # the step's cost and its drafts' fate, for later draft caps
             with self._lock:
                 policy.observe(batch, verified.num_accepted, self.step_stats.current.seconds)
         return outputs
