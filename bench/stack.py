@@ -61,6 +61,7 @@ class Row:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per engine step
+    late: float = float("nan")  # share of the engine's steps whose drafts the drafter did not deliver in time
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -123,7 +124,7 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
             elif sample.name == "specd_step_seconds_count":
                 values["steps"] = sample.value
             elif sample.name in ("specd_spec_decode_num_draft_tokens_total",
-                                 "specd_spec_decode_num_accepted_tokens_total"):
+                                 "specd_spec_decode_num_accepted_tokens_total", "specd_drafter_fallbacks_total"):
                 values[sample.name] = sample.value
     return values
 
@@ -153,6 +154,8 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     _add_records(row, records)
     steps = max(after.get("steps", 0) - before.get("steps", 0), 1)
     row.stage_ms = {s: 1000 * (after.get(s, 0) - before.get(s, 0)) / steps for s in STAGES}
+    fallbacks = "specd_drafter_fallbacks_total"
+    row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
     return row
 
@@ -293,7 +296,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
     hf = {r.k: r.tokens_per_second for r in rows if r.label == "hf"}
     hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
     print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
-          f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}  {'stage ms propose/score/verify':<30}"
+          f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}{'late':>6}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}")
     for r in rows:
         versus_engine = engine.get((r.clients, r.k))
@@ -307,7 +310,8 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{r.tokens_per_second / versus_hf if versus_hf else float('nan'):>6.1f}"
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
-              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}  {stages:<30}{cpu:>24}",
+              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}  "
+              f"{stages:<30}{cpu:>24}",
               flush=flush)
 
 

@@ -10,6 +10,8 @@
 #           beside its engine alone and Hugging Face at batch 1
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
 # policy  : the real weights, --draft-policy goodput at 1 / 16 / 64 clients (k = 0, 4), then batch-size at 16 / 64 (k = 4)
+# spec    : the real weights, this tree (with its engine alone) then .device/old (stack only), 1 and 16 clients,
+#           speculation off and on
 # old     : the same stack runs for the code in .device/old (the commit measured against), stack only
 # real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
@@ -67,6 +69,10 @@ for part in "$@"; do
       LIMIT=230 stack . policy_goodput --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine
       LIMIT=150 stack . policy_batch_size --clients 16 64 --ks 4 --num-requests 128 --no-engine --port-offset 900 \
         -- --draft-policy batch-size ;;
+    spec)
+      default_model || continue
+      LIMIT=260 stack . spec_new --clients 1 16 --ks 0 4 --num-requests 128
+      LIMIT=200 stack .device/old spec_old --clients 1 16 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model

@@ -28,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -40,6 +40,7 @@ from verifier_service.engine.proposer import DraftRequest
 logger = logging.getLogger(__name__)
 
 _STREAM_ENDED = object()  # put on the reply queue when a stream breaks, so a waiting step stops
+_POLL_S = 50e-6  # how often a wait that depends on something else (the device still busy) looks again
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,9 @@ class _PendingStep:
         self.client, self.requests, self.fallback = client, requests, fallback
         self.generation, self.step_id, self.deadline = generation, step_id, deadline
 
-    def result(self, wait: bool = True) -> dict[str, list[int]]:
+    def result(self, wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
         """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time (or, without
-        `wait`, has not answered yet)."""
+        `wait`, has not answered yet; with a callable `wait`, while it said to wait)."""
         try:
             return self.client._finish(self, wait)  # noqa: SLF001 - the client's own helper
         except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
@@ -172,13 +173,15 @@ class DrafterClient:
         return _PendingStep(self, requests, generation=stream.generation, step_id=self._step_id,
                             deadline=time.monotonic() + self.timeout_s)
 
-    def _finish(self, pending: _PendingStep, wait: bool = True) -> dict[str, list[int]]:
+    def _finish(self, pending: _PendingStep, wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
         if pending.fallback:
             self.num_fallbacks += 1
             return {}
         if not pending.requests:
             return {}
-        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline if wait else 0.0)
+        keep_waiting = wait if callable(wait) else None
+        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline if wait else 0.0,
+                                  keep_waiting)
         if reply is None:
             self.num_fallbacks += 1
             return {}
@@ -218,14 +221,22 @@ class DrafterClient:
                 return False
             self._count_if_stale(reply, awaited=None)
 
-    def _await_reply(self, generation: int, step_id: int, deadline: float):
-        """The step's reply, waiting until `deadline` at most; past it (a step asked ahead and collected
-        after the step in flight), replies already in hand are still read: they cost no waiting."""
+    def _await_reply(self, generation: int, step_id: int, deadline: float,
+                     keep_waiting: Callable[[], bool] | None = None):
+        """The step's reply, waiting until `deadline` at most (and, given `keep_waiting`, only while it returns
+        True, asked every _POLL_S); past it (a step asked ahead and collected after the step in flight), replies
+        already in hand are still read: they cost no waiting."""
         while True:
             remaining = deadline - time.monotonic()
+            polling = keep_waiting is not None
             try:
-                item = self._replies.get(timeout=remaining) if remaining > 0 else self._replies.get_nowait()
+                if remaining <= 0 or (polling and not keep_waiting()):
+                    item = self._replies.get_nowait()
+                else:
+                    item = self._replies.get(timeout=min(remaining, _POLL_S) if polling else remaining)
             except queue.Empty:
+                if polling and remaining > 0 and keep_waiting():
+                    continue
                 return None
             reply = self._accept(generation, *item)
             if reply is _STREAM_ENDED:
