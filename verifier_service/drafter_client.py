@@ -15,7 +15,8 @@ messages are built on grpc's request-consuming thread, so a long first-sight con
 delay the engine; this relies on the engine only appending to a request's token_ids.
 
 A reply whose step_id is not the one awaited (it came after its deadline) is dropped, but its
-resync answers are still honoured. A new stream starts empty on the drafter, so every sequence is
+resync answers are still honoured. A reply read while a later step is sent, to a step whose result() is still to
+be collected (asked ahead), is kept for that collection. A new stream starts empty on the drafter, so every sequence is
 re-sent whole on it.
 
 `begin_propose()` sends a step and returns at once; its `result()` waits for the reply (up to `timeout_s`
@@ -40,6 +41,7 @@ from verifier_service.engine.proposer import DraftRequest
 logger = logging.getLogger(__name__)
 
 _STREAM_ENDED = object()  # put on the reply queue when a stream breaks, so a waiting step stops
+_MAX_AWAITED = 8  # steps sent after an uncollected one before it is forgotten (the engine collects the one before)
 _POLL_S = 50e-6  # how often a wait that depends on something else (the device still busy) looks again
 
 
@@ -133,6 +135,8 @@ class DrafterClient:
         self._generation_seen = -1
         self._sent_lengths: dict[str, int] = {}  # per sequence: tokens the current stream holds
         self._step_id = 0
+        self._awaited: set[int] = set()  # steps sent with drafts wanted whose result() has not been collected
+        self._early: dict[int, drafter_pb2.ProposeResponse] = {}  # their replies read while sending a later step
         self._closed = threading.Event()
         initial_ms, max_ms = int(initial_backoff_s * 1000), int(max_backoff_s * 1000)
         backoff = [("grpc.initial_reconnect_backoff_ms", initial_ms),
@@ -170,6 +174,9 @@ class DrafterClient:
         stream.outbox.put(self._step(self._step_id, requests))
         if not wanted:
             return _PendingStep(self, [])
+        self._awaited = {i for i in self._awaited if i > self._step_id - _MAX_AWAITED} | {self._step_id}
+        if self._early:  # the replies of steps never collected (an engine that failed a step) are let go
+            self._early = {i: reply for i, reply in self._early.items() if i in self._awaited}
         return _PendingStep(self, requests, generation=stream.generation, step_id=self._step_id,
                             deadline=time.monotonic() + self.timeout_s)
 
@@ -179,6 +186,7 @@ class DrafterClient:
             return {}
         if not pending.requests:
             return {}
+        self._awaited.discard(pending.step_id)
         keep_waiting = wait if callable(wait) else None
         reply = self._await_reply(pending.generation, pending.step_id, pending.deadline if wait else 0.0,
                                   keep_waiting)
@@ -219,13 +227,19 @@ class DrafterClient:
                 return True
             if reply is _STREAM_ENDED:
                 return False
-            self._count_if_stale(reply, awaited=None)
+            if reply is not None and reply.step_id in self._awaited:
+                self._early[reply.step_id] = reply  # asked ahead, collected after this step is sent
+            else:
+                self._count_if_stale(reply, awaited=None)
 
     def _await_reply(self, generation: int, step_id: int, deadline: float,
                      keep_waiting: Callable[[], bool] | None = None):
         """The step's reply, waiting until `deadline` at most (and, given `keep_waiting`, only while it returns
         True, asked every _POLL_S); past it (a step asked ahead and collected after the step in flight), replies
         already in hand are still read: they cost no waiting."""
+        early = self._early.pop(step_id, None)
+        if early is not None:
+            return early
         while True:
             remaining = deadline - time.monotonic()
             polling = keep_waiting is not None

@@ -125,6 +125,24 @@ def test_a_reply_that_arrived_while_the_step_ran_is_used_after_its_deadline(draf
     assert client.num_fallbacks == fallbacks
 
 
+def test_a_reply_read_while_asking_the_next_step_is_kept_for_its_collection(drafter, client):
+    """The engine asks for the step after next before it collects the proposal for the next one (async scheduling):
+    a reply that sending the new question reads off the stream is the earlier step's, not a stale one."""
+    tokens = [1, 2, 3, 1, 2]
+    propose_until_connected(client, [request("kept", tokens)])
+    tokens += [3]
+    first = client.begin_propose([request("kept", tokens)])
+    deadline = time.monotonic() + 20
+    while client._replies.empty():  # noqa: SLF001 - the reply is in hand before the next step is sent
+        assert time.monotonic() < deadline, "the drafter never answered"
+        time.sleep(0.01)
+    stale, fallbacks = client.num_stale_replies, client.num_fallbacks
+    second = client.begin_propose([request("kept", tokens + [1])])
+    assert first.result(wait=False) == {"kept": expected(tokens)}
+    assert second.result() == {"kept": expected(tokens + [1])}
+    assert (client.num_stale_replies, client.num_fallbacks) == (stale, fallbacks)
+
+
 def _hold_drafter(drafter, seconds: float) -> None:
     """Keeps the drafter's event loop busy for `seconds` (its replies wait behind it)."""
     drafter._loop.call_soon_threadsafe(time.sleep, seconds)  # noqa: SLF001 - the test server's own loop

@@ -148,19 +148,20 @@ class Engine:
 
     def _launch_ahead(self, previous: LaunchedStep) -> LaunchedStep | None:
         """Schedules and launches the next step, continuing from previous's result on the device, with drafts from
-        the proposal asked when previous was launched (waited for only while the device still runs previous: then
-        the host has nothing better to do); first, on the contexts known now, asks for the step after the one
-        launched here."""
+        the proposal asked when previous was launched, collected once the step is scheduled and waited for only
+        while the device still runs previous (then the host has nothing better to do); first, on the contexts
+        known now, asks for the step after the one launched here."""
         asked = self._take_proposal(previous)
-        verification = previous.verification
-        device_busy = verification.running if verification is not None and verification.running() else False
-        proposals = self._proposals(asked.pending if asked is not None else None, wait=device_busy)
-        upcoming = self._ask_ahead(previous)  # after the collection: asking reads (and drops) replies in hand
+        upcoming = self._ask_ahead(previous)  # on the contexts known now, before scheduling adds placeholders
         batch, requests = self._schedule(previous.batch)
         if not batch:
             return None
         if previous.verification is not None:
             continue_from(batch, previous.batch, previous.verification)
+        # The host's own work for this step is done: the proposal has had all that time to come back.
+        verification = previous.verification
+        device_busy = verification.running if verification is not None and verification.running() else False
+        proposals = self._proposals(asked.pending if asked is not None else None, wait=device_busy)
         if proposals:
             with self._lock:
                 slots = {request.request_id: request.num_draft_slots for request in requests}
