@@ -15,8 +15,7 @@ messages are built on grpc's request-consuming thread, so a long first-sight con
 delay the engine; this relies on the engine only appending to a request's token_ids.
 
 A reply whose step_id is not the one awaited (it came after its deadline) is dropped, but its
-resync answers are still honoured. A reply read while a later step is sent, to a step whose result() is still to
-be collected (asked ahead), is kept for that collection. A new stream starts empty on the drafter, so every sequence is
+resync answers are still honoured. A new stream starts empty on the drafter, so every sequence is
 re-sent whole on it.
 
 `begin_propose()` sends a step and returns at once; its `result()` waits for the reply (up to `timeout_s`
@@ -29,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -41,8 +40,6 @@ from verifier_service.engine.proposer import DraftRequest
 logger = logging.getLogger(__name__)
 
 _STREAM_ENDED = object()  # put on the reply queue when a stream breaks, so a waiting step stops
-_MAX_AWAITED = 8  # steps sent after an uncollected one before it is forgotten (the engine collects the one before)
-_POLL_S = 50e-6  # how often a wait that depends on something else (the device still busy) looks again
 
 
 @dataclass(frozen=True)
@@ -108,9 +105,9 @@ class _PendingStep:
         self.client, self.requests, self.fallback = client, requests, fallback
         self.generation, self.step_id, self.deadline = generation, step_id, deadline
 
-    def result(self, wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
+    def result(self, wait: bool = True) -> dict[str, list[int]]:
         """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time (or, without
-        `wait`, has not answered yet; with a callable `wait`, while it said to wait)."""
+        `wait`, has not answered yet)."""
         try:
             return self.client._finish(self, wait)  # noqa: SLF001 - the client's own helper
         except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
@@ -135,8 +132,6 @@ class DrafterClient:
         self._generation_seen = -1
         self._sent_lengths: dict[str, int] = {}  # per sequence: tokens the current stream holds
         self._step_id = 0
-        self._awaited: set[int] = set()  # steps sent with drafts wanted whose result() has not been collected
-        self._early: dict[int, drafter_pb2.ProposeResponse] = {}  # their replies read while sending a later step
         self._closed = threading.Event()
         initial_ms, max_ms = int(initial_backoff_s * 1000), int(max_backoff_s * 1000)
         backoff = [("grpc.initial_reconnect_backoff_ms", initial_ms),
@@ -174,22 +169,16 @@ class DrafterClient:
         stream.outbox.put(self._step(self._step_id, requests))
         if not wanted:
             return _PendingStep(self, [])
-        self._awaited = {i for i in self._awaited if i > self._step_id - _MAX_AWAITED} | {self._step_id}
-        if self._early:  # the replies of steps never collected (an engine that failed a step) are let go
-            self._early = {i: reply for i, reply in self._early.items() if i in self._awaited}
         return _PendingStep(self, requests, generation=stream.generation, step_id=self._step_id,
                             deadline=time.monotonic() + self.timeout_s)
 
-    def _finish(self, pending: _PendingStep, wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
+    def _finish(self, pending: _PendingStep, wait: bool = True) -> dict[str, list[int]]:
         if pending.fallback:
             self.num_fallbacks += 1
             return {}
         if not pending.requests:
             return {}
-        self._awaited.discard(pending.step_id)
-        keep_waiting = wait if callable(wait) else None
-        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline if wait else 0.0,
-                                  keep_waiting)
+        reply = self._await_reply(pending.generation, pending.step_id, pending.deadline if wait else 0.0)
         if reply is None:
             self.num_fallbacks += 1
             return {}
@@ -227,30 +216,16 @@ class DrafterClient:
                 return True
             if reply is _STREAM_ENDED:
                 return False
-            if reply is not None and reply.step_id in self._awaited:
-                self._early[reply.step_id] = reply  # asked ahead, collected after this step is sent
-            else:
-                self._count_if_stale(reply, awaited=None)
+            self._count_if_stale(reply, awaited=None)
 
-    def _await_reply(self, generation: int, step_id: int, deadline: float,
-                     keep_waiting: Callable[[], bool] | None = None):
-        """The step's reply, waiting until `deadline` at most (and, given `keep_waiting`, only while it returns
-        True, asked every _POLL_S); past it (a step asked ahead and collected after the step in flight), replies
-        already in hand are still read: they cost no waiting."""
-        early = self._early.pop(step_id, None)
-        if early is not None:
-            return early
+    def _await_reply(self, generation: int, step_id: int, deadline: float):
+        """The step's reply, waiting until `deadline` at most; past it (a step asked ahead and collected
+        after the step in flight), replies already in hand are still read: they cost no waiting."""
         while True:
             remaining = deadline - time.monotonic()
-            polling = keep_waiting is not None
             try:
-                if remaining <= 0 or (polling and not keep_waiting()):
-                    item = self._replies.get_nowait()
-                else:
-                    item = self._replies.get(timeout=min(remaining, _POLL_S) if polling else remaining)
+                item = self._replies.get(timeout=remaining) if remaining > 0 else self._replies.get_nowait()
             except queue.Empty:
-                if polling and remaining > 0 and keep_waiting():
-                    continue
                 return None
             reply = self._accept(generation, *item)
             if reply is _STREAM_ENDED:

@@ -125,58 +125,6 @@ def test_a_reply_that_arrived_while_the_step_ran_is_used_after_its_deadline(draf
     assert client.num_fallbacks == fallbacks
 
 
-def test_a_reply_read_while_asking_the_next_step_is_kept_for_its_collection(drafter, client):
-    """The engine asks for the step after next before it collects the proposal for the next one (async scheduling):
-    a reply that sending the new question reads off the stream is the earlier step's, not a stale one."""
-    tokens = [1, 2, 3, 1, 2]
-    propose_until_connected(client, [request("kept", tokens)])
-    tokens += [3]
-    first = client.begin_propose([request("kept", tokens)])
-    deadline = time.monotonic() + 20
-    while client._replies.empty():  # noqa: SLF001 - the reply is in hand before the next step is sent
-        assert time.monotonic() < deadline, "the drafter never answered"
-        time.sleep(0.01)
-    stale, fallbacks = client.num_stale_replies, client.num_fallbacks
-    second = client.begin_propose([request("kept", tokens + [1])])
-    assert first.result(wait=False) == {"kept": expected(tokens)}
-    assert second.result() == {"kept": expected(tokens + [1])}
-    assert (client.num_stale_replies, client.num_fallbacks) == (stale, fallbacks)
-
-
-def _hold_drafter(drafter, seconds: float) -> None:
-    """Keeps the drafter's event loop busy for `seconds` (its replies wait behind it)."""
-    drafter._loop.call_soon_threadsafe(time.sleep, seconds)  # noqa: SLF001 - the test server's own loop
-
-
-def test_a_step_asked_ahead_is_waited_for_while_the_device_is_busy(drafter, client):
-    """The engine collects a proposal asked ahead while the step in flight still runs on the device: until then
-    waiting costs nothing, so a reply on its way is taken (fresh drafts) instead of given up."""
-    tokens = [1, 2, 3, 1, 2]
-    propose_until_connected(client, [request("busy", tokens)])
-    tokens += [3]
-    _hold_drafter(drafter, 0.3)
-    started = time.monotonic()
-    pending = client.begin_propose([request("busy", tokens)])
-    fallbacks = client.num_fallbacks
-    assert pending.result(wait=lambda: time.monotonic() < started + GENEROUS_S) == {"busy": expected(tokens)}
-    assert time.monotonic() - started >= 0.25  # it did wait for the held drafter
-    assert client.num_fallbacks == fallbacks
-
-
-def test_a_step_asked_ahead_is_given_up_once_the_device_is_idle(drafter, client):
-    """Once the step in flight is done the next one must launch: a reply not in hand by then costs its drafts."""
-    tokens = [1, 2, 3, 1, 2]
-    propose_until_connected(client, [request("idle", tokens)])
-    tokens += [3]
-    _hold_drafter(drafter, 1.0)
-    started = time.monotonic()
-    pending = client.begin_propose([request("idle", tokens)])
-    fallbacks = client.num_fallbacks
-    assert pending.result(wait=lambda: time.monotonic() < started + 0.1) == {}
-    assert 0.1 <= time.monotonic() - started < 0.9  # waited while "busy", not until the deadline or the reply
-    assert client.num_fallbacks == fallbacks + 1
-
-
 @pytest.mark.parametrize("columns, field", [
     (dict(new_token_counts=[3], new_token_ids=[1, 2]), "new_token_ids"),
     (dict(new_token_counts=[1], new_token_ids=[1], tenant_keys=["a", "b"]), "tenant_keys"),

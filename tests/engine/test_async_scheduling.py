@@ -269,8 +269,8 @@ class NeverInTimeProposer(OracleProposer):
         proposer = self
 
         class Late:
-            def result(self, wait=True):
-                if wait is True or (callable(wait) and wait()):
+            def result(self, wait: bool = True):
+                if wait:
                     proposer.waited += 1
                     time.sleep(1.0)
                 return {}

@@ -7,13 +7,12 @@ Async scheduling (on CUDA by default): the forward and the verification are laun
 and their result is copied back only at the end of the step; in between, the next step is scheduled and
 launched already, continuing each request from this step's result on the device: its last emitted token
 and, where it scored drafts, how many were accepted, which shifts the next step's positions
-(scheduler.schedule_ahead, previous_tokens.py). The drafter is never waited for there while the device is idle: the
-proposal for a step is asked one step earlier, on the contexts known then, long enough to cover what the steps in
-flight may emit, and collected when that step is launched, waiting for it only while the device is still busy with
-the step in flight; its drafts follow the tokens known since and the guessed outcome of the step in flight
-(draft_lookahead.py). A proposal that is not back by then costs that step its drafts, never device time, so the
-drafter's round trip, the host's scheduling, packing and launching all overlap the device's work instead of
-leaving it idle (synchronous steps, as on the CPU, still ask and wait). Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
+(scheduler.schedule_ahead, previous_tokens.py). The drafter is never waited for there: the proposal for a step is
+asked one step earlier, on the contexts known then, long enough to cover what the steps in flight may emit, and
+collected without waiting when that step is launched; its drafts follow the tokens known since and the guessed
+outcome of the step in flight (draft_lookahead.py). A proposal that is not back in time costs that step its drafts,
+never time, so the drafter's round trip, the host's scheduling, packing and launching all overlap the device's
+work instead of leaving it idle (synchronous steps, as on the CPU, still ask and wait). Output is unchanged: every draft is verified, and the same tokens are fed in the same order; a
 request that a stop token ends has one more step computed and dropped.
 """
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -148,20 +147,16 @@ class Engine:
 
     def _launch_ahead(self, previous: LaunchedStep) -> LaunchedStep | None:
         """Schedules and launches the next step, continuing from previous's result on the device, with drafts from
-        the proposal asked when previous was launched, collected once the step is scheduled and waited for only
-        while the device still runs previous (then the host has nothing better to do); first, on the contexts
-        known now, asks for the step after the one launched here."""
+        the proposal asked when previous was launched (collected without waiting); first, on the contexts known
+        now, asks for the step after the one launched here."""
         asked = self._take_proposal(previous)
-        upcoming = self._ask_ahead(previous)  # on the contexts known now, before scheduling adds placeholders
+        proposals = self._proposals(asked.pending if asked is not None else None, wait=False)
+        upcoming = self._ask_ahead(previous)  # after the collection: asking reads (and drops) replies in hand
         batch, requests = self._schedule(previous.batch)
         if not batch:
             return None
         if previous.verification is not None:
             continue_from(batch, previous.batch, previous.verification)
-        # The host's own work for this step is done: the proposal has had all that time to come back.
-        verification = previous.verification
-        device_busy = verification.running if verification is not None and verification.running() else False
-        proposals = self._proposals(asked.pending if asked is not None else None, wait=device_busy)
         if proposals:
             with self._lock:
                 slots = {request.request_id: request.num_draft_slots for request in requests}
@@ -229,10 +224,9 @@ class Engine:
             return None
 
     @timed_stage("propose")
-    def _proposals(self, pending: PendingProposal | None,
-                   wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
-        """A proposal's drafts, waiting for them up to the proposer's deadline: always (`wait` True), never (False)
-        or while `wait()` is True (the propose stage: time the step waited for the proposer)."""
+    def _proposals(self, pending: PendingProposal | None, wait: bool = True) -> dict[str, list[int]]:
+        """A proposal's drafts, waiting for them up to the proposer's deadline unless `wait` is False (the propose
+        stage: time the step waited for the proposer)."""
         if pending is None:
             return {}
         try:

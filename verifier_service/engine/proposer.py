@@ -11,16 +11,16 @@ so the round trip overlaps the host's other work too (`begin` adapts proposers w
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from drafter_service.batch import DraftRequest  # the question any proposer answers, defined by the drafter
 
 
 class PendingProposal(Protocol):
-    def result(self, wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
-        """The drafts, waiting at most the proposer's deadline: all of it (`wait` True), not at all (False: only what
-        has arrived), or while `wait()` says so; never raises for a draft failure."""
+    def result(self, wait: bool = True) -> dict[str, list[int]]:
+        """The drafts, waiting at most the proposer's deadline (not at all unless `wait`: then only what has
+        arrived); never raises for a draft failure."""
         ...
 
 
@@ -40,7 +40,7 @@ class _Answered:
     def __init__(self, drafts: dict[str, list[int]]) -> None:
         self._drafts = drafts
 
-    def result(self, wait: bool | Callable[[], bool] = True) -> dict[str, list[int]]:
+    def result(self, wait: bool = True) -> dict[str, list[int]]:
         return self._drafts
 
 

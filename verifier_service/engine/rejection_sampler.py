@@ -82,10 +82,6 @@ class PendingVerification:
         else:
             self._host = rows
 
-    def running(self) -> bool:
-        """True while the device has not finished the step (never on the CPU, where it is done when launched)."""
-        return self._ready is not None and not self._ready.query()
-
     def result(self) -> VerifiedTokens:
         """Waits for the step (the one device-to-host copy) and unpacks it per request."""
         if self._ready is not None:
