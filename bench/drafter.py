@@ -37,9 +37,9 @@ from drafter_service.config import DrafterConfig  # noqa: E402
 from drafter_service.drafter import Drafter  # noqa: E402
 from drafter_service.stores import resolve_backend  # noqa: E402
 from support.drafter_servers import free_port, wait_until_serving  # noqa: E402
-from verifier_service.drafter_client import DrafterClient  # noqa: E402
+from drafter_service.client import DrafterClient  # noqa: E402
 from verifier_service.engine.proposer import DraftRequest  # noqa: E402
-from verifier_service.drafter_client import _Step, _step_to_pb  # noqa: E402
+from drafter_service.client import _Step, _step_to_pb  # noqa: E402
 
 VOCAB = 49152
 NUM_DRAFT_TOKENS = 4

@@ -217,7 +217,7 @@ def _load(config, send):
 def _drafter_client(config):
     if config.drafter_addr is None:
         return None
-    from verifier_service.drafter_client import DrafterClient
+    from drafter_service.client import DrafterClient
 
     return DrafterClient(config.drafter_addr, tls=config.drafter_tls)
 

@@ -8,7 +8,7 @@ import pytest
 
 from drafter_service.ngram import NgramIndex
 from support.drafter_servers import free_port, start_drafter_process
-from verifier_service.drafter_client import DrafterClient
+from drafter_service.client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,7 +19,7 @@ from drafter_service.ngram import NgramIndex
 from drafter_service.stores import BACKENDS
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 from support.drafter_servers import ThreadedDrafter
-from verifier_service.drafter_client import DrafterClient
+from drafter_service.client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
 
 pytestmark = pytest.mark.timeout(60)

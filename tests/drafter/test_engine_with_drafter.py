@@ -13,7 +13,7 @@ from drafter_service.config import DrafterConfig
 from support.drafter_servers import ThreadedDrafter
 from support.engine_runs import run
 from support.fake_runner import FakePagedRunner, greedy_reference
-from verifier_service.drafter_client import DrafterClient
+from drafter_service.client import DrafterClient
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.sampling_params import SamplingParams

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from drafter_service.config import DrafterConfig
 from support.drafter_servers import ThreadedDrafter
-from verifier_service.drafter_client import DrafterClient
+from drafter_service.client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """The interface between the engine and whatever proposes draft tokens.
 
 The engine asks once per step for every decoding request's drafts; implementations are the gRPC
-drafter client (verifier_service/drafter_client.py), the in-process n-gram proposer, and the oracle /
+drafter client (drafter_service/client.py), the in-process n-gram proposer, and the oracle /
 adversarial proposers the tests use. A proposer must never raise for a missing or failed draft: it
 returns fewer (or no) tokens, and the request decodes without them.
 

@@ -35,7 +35,7 @@ import grpc
 
 from specd.serving import TlsConfig, open_channel
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
-from verifier_service.engine.proposer import DraftRequest
+from drafter_service.batch import DraftRequest
 
 logger = logging.getLogger(__name__)
 
