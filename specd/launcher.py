@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specd import stop_signals
-from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, VERIFIER_PORTS, ServiceOptions
+from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, IN_PROCESS_DRAFTER, VERIFIER_PORTS, ServiceOptions
 from specd.serving import TlsConfig, open_channel
 
 MAX_VERIFIERS = DRAFTER_PORTS[0] - VERIFIER_PORTS[0]  # replicas take consecutive ports below the drafter's
@@ -39,13 +39,16 @@ def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) ->
         raise ValueError(f"num_verifiers: must be in 1..{MAX_VERIFIERS}, got {num_verifiers}")
     loopback = "127.0.0.1"
     drafter_port = DRAFTER_PORTS[0] + port_offset
-    services = [ServiceProcess("drafter", _argv("drafter", options, drafter_port, DRAFTER_PORTS[1] + port_offset),
-                               drafter_port)]
+    in_process = options.drafter_addr.lower() == IN_PROCESS_DRAFTER  # each verifier drafts itself: no drafter
+    drafter_addr = IN_PROCESS_DRAFTER if in_process else f"{loopback}:{drafter_port}"
+    services = [] if in_process else [
+        ServiceProcess("drafter", _argv("drafter", options, drafter_port, DRAFTER_PORTS[1] + port_offset),
+                       drafter_port)]
     verifier_addrs = []
     for replica in range(num_verifiers):
         port = VERIFIER_PORTS[0] + port_offset + replica
         argv = _argv("verifier", options, port, VERIFIER_PORTS[1] + port_offset + replica)
-        argv += ["--drafter-addr", f"{loopback}:{drafter_port}",
+        argv += ["--drafter-addr", drafter_addr,
                  "--tensor-parallel-size", str(options.tensor_parallel_size)]
         services.append(ServiceProcess(f"verifier-{replica}" if num_verifiers > 1 else "verifier", argv, port))
         verifier_addrs += ["--verifier-addr", f"{loopback}:{port}"]

@@ -15,6 +15,7 @@ VERIFIER_PORTS = (50061, 9461)
 DRAFTER_PORTS = (50071, 9471)
 DEFAULT_VERIFIER_ADDR = f"127.0.0.1:{VERIFIER_PORTS[0]}"
 DEFAULT_DRAFTER_ADDR = f"127.0.0.1:{DRAFTER_PORTS[0]}"
+IN_PROCESS_DRAFTER = "in-process"  # --drafter-addr: the drafter's rule inside the verifier's engine process
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specd.options import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VERIFIER_PORTS, ServiceOptions
+from drafter_service.config import DrafterConfig
+from specd.options import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, IN_PROCESS_DRAFTER, VERIFIER_PORTS,
+                           ServiceOptions)
 from specd.serving import ServerConfig, TlsConfig
-from specd.service_configs import drain
+from specd.service_configs import drafter_config_from_options, drain
 from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 
@@ -15,8 +17,9 @@ class VerifierConfig:
     """Everything `verifier_service.server.serve` needs: the engine's config plus the service around it."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    drafter_addr: str | None = "127.0.0.1:50071"  # None = decode without a drafter
+    drafter_addr: str | None = "127.0.0.1:50071"  # None = decode without a drafter (or with in_process_drafter)
     drafter_tls: TlsConfig | None = None
+    in_process_drafter: DrafterConfig | None = None  # the drafter's rule in the engine process instead of a service
     max_waiting_requests: int = 256  # beyond this, Generate answers RESOURCE_EXHAUSTED
     server: ServerConfig = field(
         default_factory=lambda: ServerConfig(port=VERIFIER_PORTS[0], metrics_port=VERIFIER_PORTS[1]))
@@ -51,10 +54,13 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         tensor_parallel_size=options.tensor_parallel_size,
         **_cache_layout(device, options.kv_cache_bytes, options.kv_cache_memory_fraction),
     )
-    # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding.
-    drafter_addr = None if options.drafter_addr.lower() in ("", "none") else options.drafter_addr
+    # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding; in-process drafts in the
+    # engine process (no round trip; its memory of outputs is this verifier's own).
+    in_process = options.drafter_addr.lower() == IN_PROCESS_DRAFTER
+    drafter_addr = None if in_process or options.drafter_addr.lower() in ("", "none") else options.drafter_addr
     return VerifierConfig(engine=engine, drafter_addr=drafter_addr, drafter_tls=drafter_tls, server=server,
-                          max_waiting_requests=options.max_waiting_requests)
+                          max_waiting_requests=options.max_waiting_requests,
+                          in_process_drafter=drafter_config_from_options(options) if in_process else None)
 
 
 def _cache_layout(device: str, kv_cache_bytes: int | None, memory_fraction: float | None) -> dict:

@@ -200,7 +200,7 @@ def _load(config, send):
     warm_up(engine)
     freeze_start_up_objects()
     logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
-    fallbacks = (lambda: drafter.num_fallbacks) if drafter is not None else (lambda: 0)
+    fallbacks = lambda: getattr(drafter, "num_fallbacks", 0)  # noqa: E731 - only the service's client falls back
     step_items: list = []
 
     def after_step() -> None:
@@ -215,6 +215,11 @@ def _load(config, send):
 
 
 def _drafter_client(config):
+    """The engine's proposer: the drafter service's client, the drafter's rule in this process, or none."""
+    if config.in_process_drafter is not None:
+        from drafter_service.local import LocalProposer
+
+        return LocalProposer(config.in_process_drafter)
     if config.drafter_addr is None:
         return None
     from drafter_service.client import DrafterClient
