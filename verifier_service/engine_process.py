@@ -174,8 +174,9 @@ def run_engine_process(config, conn: Connection, parent_pid: int) -> None:
         _serve_pipe(conn, engine_loop, send)
     finally:
         engine_loop.stop()
-        if drafter is not None:
-            drafter.close()
+        close = getattr(drafter, "close", None)  # the in-process drafter has nothing to close
+        if close is not None:
+            close()
         engine_loop.engine.runner.close()
 
 
@@ -222,7 +223,12 @@ def _drafter_client(config):
         return LocalProposer(config.in_process_drafter)
     if config.drafter_addr is None:
         return None
-    from drafter_service.client import DrafterClient
+    engine = config.engine
+    if engine.async_scheduling if engine.async_scheduling is not None else engine.device == "cuda":
+        from drafter_service.link import DrafterLink  # the client's threads away from the engine's interpreter
+
+        return DrafterLink(config.drafter_addr, tls=config.drafter_tls)
+    from drafter_service.client import DrafterClient  # a synchronous engine waits for the drafter anyway
 
     return DrafterClient(config.drafter_addr, tls=config.drafter_tls)
 

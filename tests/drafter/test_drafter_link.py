@@ -1,0 +1,108 @@
+"""The drafter link (drafter_service/link.py): the real gRPC client in its own process, relaying a real drafter."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from drafter_service.config import DrafterConfig
+from drafter_service.link import DrafterLink
+from drafter_service.ngram import NgramIndex
+from drafter_service.batch import DraftRequest
+from support.drafter_servers import ThreadedDrafter
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, min_ngram=1, max_ngram=4, drafting="ngram",
+                       memory_scope="off")
+GENEROUS_S = 5.0
+
+
+def expected(tokens, k=4):
+    return NgramIndex(1, 4, tokens).propose(k)
+
+
+def answer(**contexts):
+    """What a proposer answers for these contexts: each one's expected drafts, requests without any left out."""
+    return {request_id: expected(tokens) for request_id, tokens in contexts.items() if expected(tokens)}
+
+
+def request(request_id, tokens, k=4):
+    return DraftRequest(request_id, list(tokens), num_draft_tokens=k)
+
+
+def propose_until_answered(link, requests, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fallbacks = link.num_fallbacks
+        drafts = link.propose(requests)
+        if link.num_fallbacks == fallbacks:
+            return drafts
+        time.sleep(0.05)  # the link process is starting or its client connecting
+    raise TimeoutError("the link never answered")
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    with ThreadedDrafter(CONFIG) as server:
+        yield server
+
+
+@pytest.fixture
+def link(drafter):
+    link = DrafterLink(drafter.address, timeout_s=GENEROUS_S)
+    yield link
+    link.close()
+
+
+def test_drafts_through_the_link_follow_each_context_as_it_grows(link):
+    tokens = [1, 2, 3, 1, 2]
+    assert propose_until_answered(link, [request("a", tokens)]) == {"a": expected(tokens)}
+    other, fallbacks = [7, 8, 9, 7, 8], link.num_fallbacks
+    for new in ([3], [1, 2], [9, 7]):  # only the new tokens travel; the link process holds the rest
+        tokens += new
+        assert link.propose([request("a", tokens), request("b", other)]) == answer(a=tokens, b=other)
+    assert link.num_fallbacks == fallbacks
+
+
+def test_a_step_asked_ahead_is_collected_later_without_waiting(link):
+    tokens = [5, 6, 7, 5, 6]
+    propose_until_answered(link, [request("ahead", tokens)])
+    tokens += [7]
+    pending = link.begin_propose([request("ahead", tokens)])
+    later = link.begin_propose([request("ahead", tokens + [5])])
+    time.sleep(0.5)  # the device "runs" the step in flight; both answers arrive meanwhile
+    assert pending.result(wait=False) in ({"ahead": expected(tokens)}, {})  # {} only if superseded by `later`
+    assert later.result(wait=False) == {"ahead": expected(tokens + [5])}
+
+
+def test_a_killed_link_process_costs_drafts_then_a_new_one_serves(link):
+    tokens = [1, 2, 3, 1, 2]
+    propose_until_answered(link, [request("k", tokens)])
+    link._process.kill()  # noqa: SLF001 - the test's way to lose the link process
+    link._process.join(5)  # noqa: SLF001
+    fallbacks = link.num_fallbacks
+    assert link.propose([request("k", tokens + [3])]) == {}
+    assert link.num_fallbacks == fallbacks + 1
+    tokens += [3, 1]
+    assert propose_until_answered(link, [request("k", tokens)]) == {"k": expected(tokens)}  # sent whole again
+
+
+def test_a_slow_drafter_never_builds_a_queue_in_the_link():
+    """Steps come every 10 ms to a drafter that answers each after 100 ms: the link asks only the newest, so it keeps
+    up, where asking each in turn would leave it 5 s behind after 50 steps."""
+    with ThreadedDrafter(replace(CONFIG, inject_delay_ms=100)) as slow:
+        link = DrafterLink(slow.address, timeout_s=0.5)
+        try:
+            tokens = [1, 2, 3, 1, 2]
+            propose_until_answered(link, [request("slow", tokens)])
+            started = time.monotonic()
+            for _ in range(50):
+                link.begin_propose([request("slow", tokens)]).result(wait=False)
+                time.sleep(0.01)
+            tokens += [3]
+            assert propose_until_answered(link, [request("slow", tokens)]) == {"slow": expected(tokens)}
+            assert time.monotonic() - started < 2.5
+        finally:
+            link.close()
