@@ -11,7 +11,7 @@
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
 # policy  : the real weights, --draft-policy goodput at 1 / 16 / 64 clients (k = 0, 4), then batch-size at 16 / 64 (k = 4)
 # spec    : the real weights, 1 and 16 clients, speculation off and on: this tree (with its engine alone), then
-#           .device/old, this tree and .device/old again (stack only)
+#           .device/old (stack only)
 # old     : the same stack runs for the code in .device/old (the commit measured against), stack only
 # real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
@@ -71,12 +71,9 @@ for part in "$@"; do
         -- --draft-policy batch-size ;;
     spec)
       default_model || continue
-      LIMIT=260 stack . spec_new1 --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24
-      for round in 1 2; do
-        LIMIT=120 stack .device/old "spec_old$round" --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 \
-          --no-engine --port-offset 900
-        [ $round = 2 ] || LIMIT=120 stack . spec_new2 --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 --no-engine
-      done ;;
+      LIMIT=230 stack . spec_new --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24
+      LIMIT=120 stack .device/old spec_old --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 --no-engine \
+        --port-offset 900 ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
