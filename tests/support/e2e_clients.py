@@ -1,5 +1,5 @@
 """Small clients the e2e tests share: gRPC Generate through the gateway, verifier load reports, Hugging Face's
-greedy reference (a service's metrics: bench/local_stack.py's metric_value)."""
+greedy reference. A service's metrics are read with bench/local_stack.py's metric_value, beside the stack."""
 from __future__ import annotations
 
 import functools
