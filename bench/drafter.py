@@ -1,6 +1,6 @@
 """Drafter latency: server-side propose time per batch, and the verifier client's round trip.
 
-    .venv/bin/python bench/drafter.py [--steps 200] [--batches 1,64,256] [--contexts 4096,32768]
+    python -m bench.drafter [--steps 200] [--batches 1,64,256] [--contexts 4096,32768]
                                       [--store native|python] [--memory-tokens 1000000] [--drafting evidence|ngram]
 
 Every sequence holds a context of the given length (random ids over the default model's vocabulary
@@ -26,20 +26,17 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
-
-from drafter_service import convert  # noqa: E402
-from drafter_service.batch import ProposeBatch, SequenceDelta  # noqa: E402
-from drafter_service.config import DrafterConfig  # noqa: E402
-from drafter_service.drafter import Drafter  # noqa: E402
-from drafter_service.stores import resolve_backend  # noqa: E402
-from support.drafter_servers import free_port, wait_until_serving  # noqa: E402
-from drafter_service.client import DrafterClient  # noqa: E402
-from verifier_service.engine.proposer import DraftRequest  # noqa: E402
-from drafter_service.client import _Step, _step_to_pb  # noqa: E402
+from bench.local_stack import REPO_ROOT, free_port, wait_serving
+from drafter_service import convert
+from drafter_service.batch import DraftRequest, ProposeBatch, SequenceDelta
+from drafter_service.client import DrafterClient, _Step, _step_to_pb
+from drafter_service.config import DrafterConfig
+from drafter_service.drafter import Drafter
+from drafter_service.stores import resolve_backend
 
 VOCAB = 49152
 NUM_DRAFT_TOKENS = 4
@@ -131,11 +128,14 @@ def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random
 
 
 def start_drafter(port: int, store: str, drafting: str) -> subprocess.Popen:
+    """A drafter in its own process, returned once SERVING (its output in a temporary log)."""
+    log_path = Path(tempfile.mkdtemp(prefix="specd-bench-drafter-")) / "drafter.log"
     code = ("from drafter_service.server import run; from drafter_service.config import DrafterConfig; "
             f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9, drafting={drafting!r}))")
-    process = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                               stderr=subprocess.DEVNULL, env={**os.environ, "SPECD_DRAFTER_STORE": store})
-    wait_until_serving(f"127.0.0.1:{port}")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "SPECD_DRAFTER_STORE": store})
+    wait_serving(f"127.0.0.1:{port}", process, log_path, timeout=30)
     return process
 
 

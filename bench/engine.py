@@ -2,11 +2,11 @@
 the drafter (evidence and memory), next to Hugging Face generate with and without prompt lookup, on the
 same prompts and model, batch 1, in one run (CPU by default).
 
-Usage: python bench/engine.py [--num-prompts 8] [--max-tokens 128] [--k 8] [--device cpu]
+Usage: python -m bench.engine [--num-prompts 8] [--max-tokens 128] [--k 8] [--device cpu]
                               [--workload humaneval|repeat-code|self-refine|extract] [--adaptive-drafting on|off]
 Prompts: by default third-party code (HumanEval, or standard-library sources) that the prompt asks to
 repeat, so n-gram drafts hit, as they do in everyday "fix / repeat this code" requests, with
---max-tokens new tokens each (EOS ignored). The other workloads are bench/drafter_acceptance.py's
+--max-tokens new tokens each (EOS ignored). The other workloads are bench/acceptance.py's
 recorded requests, decoded to their recorded length (or EOS), so outputs can be checked against the
 recording. The drafters run in-process on the drafter's own store (drafter_service/local.py); the
 drafter's memory fills as the prompts go by, as a running service's would. --adaptive-drafting off lifts
@@ -16,25 +16,20 @@ request off after rejections; the drafter's evidence decides how many slots it f
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-
-from acceptance_recordings import load_or_record  # noqa: E402
-from acceptance_workloads import WORKLOADS  # noqa: E402
-from drafter_service.config import DrafterConfig  # noqa: E402
-from drafter_service.local import LocalProposer  # noqa: E402
-from specd.default_model import resolve_model_path  # noqa: E402
-from verifier_service.engine.config import EngineConfig  # noqa: E402
-from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
-from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
-from workload import prompts as workload_prompts  # noqa: E402
+from bench.acceptance import load_or_record
+from bench.workload import WORKLOADS
+from bench.workload import prompts as workload_prompts
+from drafter_service.config import DrafterConfig
+from drafter_service.local import LocalProposer
+from specd.default_model import resolve_model_path
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.engine import Engine, build_model_runner
+from verifier_service.engine.sampling_params import SamplingParams
 
 
 STEPS: dict[int, int] = {}  # per engine (id): steps that emitted tokens, for tokens per step
@@ -87,7 +82,7 @@ def bench_requests(args, tokenizer) -> tuple[str, list[tuple[list[int], Sampling
                 [(tokenizer(text)["input_ids"], params) for text in texts], None)
     recordings = load_or_record(args.workload, WORKLOADS[args.workload](), 256)[:args.num_prompts]
     stop = (tokenizer.eos_token_id,)
-    return (f"{args.workload} (bench/drafter_acceptance.py's recordings), to the recorded length or EOS",
+    return (f"{args.workload} (bench/acceptance.py's recordings), to the recorded length or EOS",
             [(r.prompt_token_ids, SamplingParams(max_tokens=len(r.output_token_ids), stop_token_ids=stop))
              for r in recordings], [r.output_token_ids for r in recordings])
 

@@ -1,8 +1,8 @@
 """Batch-1 step latency on the GPU: decode (1 token) and verify (1 + 4 drafts), graph replay and the whole
 runner call (host packing + replay + logits to float), against the weight-read floor.
 
-Usage: python bench/gpu_latency.py MODEL_DIR [MODEL_DIR ...] [--no-compile] [--both]
-(checkpoints from bench/make_random_model.py; --both measures each model without and with torch.compile).
+Usage: python -m bench.gpu_latency MODEL_DIR [MODEL_DIR ...] [--no-compile] [--both]
+(checkpoints from `python -m bench.make_random_model`; --both measures each model without and with torch.compile).
 The floor is weight bytes / measured device copy bandwidth (bytes read + written per second).
 """
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest  # noqa: E402
-from verifier_service.engine.model_runner import ModelRunner  # noqa: E402
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.model_runner import ModelRunner
 
 BLOCK, CONTEXT = 256, 512
 

@@ -1,7 +1,7 @@
 """Throughput on nano-vllm's bench.py workload: 256 sequences, input and output lengths uniform in
 [100, 1024], random token ids, temperature 0.6, ignore_eos; per engine configuration (see CONFIGS).
 
-Usage: python bench/gpu_throughput.py MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
+Usage: python -m bench.gpu_throughput MODEL_DIR [--eager] [--num-seqs 256] [--configs NAME,NAME,...]
        [--schedule async,sync,...] [--cprofile] [--kernels] [--steps-out FILE]
 Throughput = output tokens / wall time of the whole run (prefill included), as nano-vllm counts it.
 --schedule runs the workload once per entry on the same engine (one compile and capture), with async
@@ -15,19 +15,15 @@ import argparse
 import gc
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent))
-from verifier_service.engine.config import EngineConfig  # noqa: E402
-from verifier_service.engine.engine import Engine  # noqa: E402
-from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
-from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects  # noqa: E402
-from verifier_service.engine.warm_up import warm_up  # noqa: E402
+from verifier_service.engine.config import EngineConfig
+from verifier_service.engine.engine import Engine
+from verifier_service.engine.sampling_params import SamplingParams
+from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects
+from verifier_service.engine.warm_up import warm_up
 
 # name -> (speculation, EngineConfig changes); "always" = every decoding request drafts every step (round 1).
 CONFIGS = {
@@ -86,11 +82,11 @@ def measure(name: str, model: str, eager: bool, prompts, max_tokens, schedules: 
         rows[-1]["load_compile_capture_s"] = load_s
         print(json.dumps(rows[-1]), flush=True)
     if kernels:  # one more run under the profiler: where the device time goes, and how long the device idles
-        from kernel_table import print_table, profiled
+        from bench.profile_step import print_kernel_table, profiled_kernels
 
-        (seconds, produced), wall, table = profiled(run, engine, prompts, max_tokens)
+        (seconds, produced), wall, table = profiled_kernels(run, engine, prompts, max_tokens)
         print(f"{name}: {produced / seconds:.0f} tok/s under the profiler")
-        print_table(f"specd {name}, nano-vllm's workload", wall, table)
+        print_kernel_table(f"specd {name}, nano-vllm's workload", wall, table)
     del engine
     torch._dynamo.reset()  # compiled regions hold the model: free it before the next configuration
     gc.unfreeze()
@@ -171,7 +167,7 @@ def main() -> None:
     parser.add_argument("--schedule", default="async", help="async / sync per run of each config, e.g. async,sync")
     parser.add_argument("--cprofile", action="store_true", help="print the host's hottest functions per config")
     parser.add_argument("--kernels", action="store_true", help="one more run per config under torch's profiler: "
-                        "device busy / wall and the kernels that take the time (bench/kernel_table.py)")
+                        "device busy / wall and the kernels that take the time (bench/profile_step.py)")
     parser.add_argument("--steps-out", help="append every run's per-step stats to this file (JSON lines)")
     parser.add_argument("--no-gc-freeze", action="store_true", help="skip the verifier's gc.freeze() after warm-up")
     args = parser.parse_args()

@@ -1,14 +1,14 @@
 """End-to-end serving benchmark: concurrent streaming gRPC clients against the whole stack.
 
-    python bench/serve.py                      # starts `specd up` on offset ports, then measures
-    python bench/serve.py --addr HOST:PORT --verifier-metrics http://HOST:9461/metrics
-    python bench/serve.py --device cuda --num-prompts 32 --batch1-prompts 8 --concurrency 1 32   # GPU
-    python bench/serve.py --workload extract --drafting ngram --skip-hf   # recorded requests, old drafter
+    python -m bench.serve                      # starts `specd up` on offset ports, then measures
+    python -m bench.serve --addr HOST:PORT --verifier-metrics http://HOST:9461/metrics
+    python -m bench.serve --device cuda --num-prompts 32 --batch1-prompts 8 --concurrency 1 32   # GPU
+    python -m bench.serve --workload extract --drafting ngram --skip-hf   # recorded requests, old drafter
 
 For each concurrency level it runs the workload with speculation off and on (and at batch 1 each
 --extra-k as the requests' own num_speculative_tokens, on the same server) and prints tokens/s,
 mean acceptance length (completion tokens / verifier steps), TTFT and per-token inter-token latency
-percentiles. --workload takes bench/drafter_acceptance.py's recorded requests (token ids, each to its
+percentiles. --workload takes bench/acceptance.py's recorded requests (token ids, each to its
 recorded length or EOS) instead of the default repeat-this-code prompts; --drafting picks the stack's
 drafter rule. At batch 1 it also runs Hugging Face `generate`, plain and with
 `prompt_lookup_num_tokens`, on the same model, prompts and device, and estimates what the gRPC hops cost: the client's time between messages
@@ -32,10 +32,10 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from cpu_cost import CpuMeter, engine_alone, print_cpu_table
+from bench.cpu_cost import CpuMeter, engine_alone, print_cpu_table
+from bench.workload import prompts as workload_prompts
 from specd.options import GATEWAY_PORTS, VERIFIER_PORTS
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
-from workload import prompts as workload_prompts
 
 
 @dataclass
@@ -184,7 +184,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens (its default 10)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--workload", default="humaneval", help="humaneval, or a workload of bench/drafter_acceptance.py")
+    parser.add_argument("--workload", default="humaneval", help="humaneval, or a workload of bench/acceptance.py")
     parser.add_argument("--drafting", default="evidence", choices=["evidence", "ngram"], help="the stack's drafter rule")
     parser.add_argument("--skip-engine", action="store_true", help="no engine-alone runs beside the stack's")
     return parser.parse_args()
@@ -195,8 +195,8 @@ def main() -> None:
     if args.workload == "humaneval":
         source, prompts = workload_prompts(args.num_prompts)
     else:
-        from acceptance_recordings import load_or_record
-        from acceptance_workloads import WORKLOADS
+        from bench.acceptance import load_or_record
+        from bench.workload import WORKLOADS
 
         source = f"{args.workload} recordings (each to its recorded length or EOS)"
         recordings = load_or_record(args.workload, WORKLOADS[args.workload](), 256)[:args.num_prompts]

@@ -1,9 +1,9 @@
 """Soak: a bounded load run against a whole stack, with the drafter killed in the middle.
 
-    python bench/soak.py                          # 64 streaming clients for 5 minutes, default model
-    python bench/soak.py --clients 16 --duration 45 --json out.json
+    python -m bench.soak                          # 64 streaming clients for 5 minutes, default model
+    python -m bench.soak --clients 16 --duration 45 --json out.json
 
-The stack runs as real processes on free loopback ports (tests/support/stack.py). First the greedy
+The stack runs as real processes on free loopback ports (bench/local_stack.py). First the greedy
 reference of every prompt is taken with speculation off; then `--clients` concurrent streaming gRPC
 clients send greedy requests back to back for `--duration` seconds. At `--kill-at` of the run the
 drafter is SIGKILLed and restarted `--down-for` seconds later. The report: requests sent, completed,
@@ -26,11 +26,8 @@ import grpc
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.e2e_clients import generate, metric_value  # noqa: E402
-from support.stack import Stack  # noqa: E402
-
-from specd.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from bench.local_stack import Stack, metric_value
+from specd.v1 import gateway_pb2, gateway_pb2_grpc
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -124,11 +121,19 @@ def _rss_mib(stack: Stack) -> dict[str, float]:
             for name, s in stack.services.items() if name != "drafter"}
 
 
+def _greedy_reference(address: str, prompt: str, max_tokens: int) -> list[int]:
+    """The prompt's greedy output with speculation off: what every output under load must equal."""
+    request = gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                          num_speculative_tokens=0)
+    with grpc.insecure_channel(address) as channel:
+        responses = gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120)
+        return [token_id for response in responses for token_id in response.token_ids]
+
+
 def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24,
              kill_at: float = 0.5, down_for: float = 5.0) -> SoakReport:
     """Runs the load against a started stack (with a drafter) and returns the report."""
-    reference = {p: generate(stack.gateway_address, p, max_tokens, num_speculative_tokens=0).token_ids
-                 for p in PROMPTS}
+    reference = {p: _greedy_reference(stack.gateway_address, p, max_tokens) for p in PROMPTS}
     load = _Load(reference)
     fallbacks = metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total")
     rss_start = _rss_mib(stack)

@@ -1,8 +1,8 @@
 """The whole stack against its own engine, side by side in one run, as users meet it.
 
-    python bench/stack.py                                   # the default model, CPU or GPU, 1 and 16 clients
-    python bench/stack.py --clients 1 16 64 256 --num-requests 512          # the GPU table of docs/BENCHMARKS.md
-    python bench/stack.py --clients 1 --ks 0 4 --hf 0 4 10                  # plus Hugging Face at batch 1
+    python -m bench.stack                                   # the default model, CPU or GPU, 1 and 16 clients
+    python -m bench.stack --clients 1 16 64 256 --num-requests 512          # the GPU table of docs/BENCHMARKS.md
+    python -m bench.stack --clients 1 --ks 0 4 --hf 0 4 10                  # plus Hugging Face at batch 1
 
 It starts `specd up` (the default model's real weights unless --model says otherwise; drafter memory off unless
 --draft-memory-scope, so repeated prompts do not help) and sends chat completions of ordinary instruction traffic
@@ -38,8 +38,8 @@ except ImportError:  # a tree from before specd/openmp.py, measured as the basel
 
 apply_wait_policy()  # the engine alone and Hugging Face run under the services' OpenMP policy (before torch loads)
 
-from instruction_prompts import instruction_prompts  # noqa: E402
-from sse_load import StreamRecord, chat_body, run_load  # noqa: E402
+from bench.instruction_prompts import instruction_prompts  # noqa: E402
+from bench.sse_load import StreamRecord, chat_body, run_load  # noqa: E402
 
 STAGES = ("schedule", "propose", "score", "verify", "update")
 SERVICES = ("gateway", "verifier", "drafter")

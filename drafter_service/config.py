@@ -37,7 +37,7 @@ class DrafterConfig:
     # below this (drafter_service/evidence.py); 0 = always up to the request's num_draft_tokens.
     min_draft_probability: float = 0.15
     # "evidence": the rule above; "ngram": plain prompt lookup, always k tokens from the own context (ngram.py),
-    # the drafter before memory and evidence, kept for comparison (bench/drafter_acceptance.py).
+    # the drafter before memory and evidence, kept for comparison (bench/acceptance.py).
     drafting: str = "evidence"
     grace_seconds: float = 5.0  # drain time on SIGTERM
     inject_delay_ms: int = 0  # testing aid (--inject-delay-ms): hold every reply this long, as a slow drafter

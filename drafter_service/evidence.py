@@ -23,7 +23,7 @@ earlier outputs (memory.py). For one source and a context t[0:L):
    expected number of accepted tokens; of the two sources the higher score wins (the context on a tie).
 
 The priors were fitted to the acceptance of drafts replayed on recorded outputs of three workloads
-(bench/drafter_acceptance.py): after a one-token match a copy misses about 2 times in 3, and every further
+(bench/acceptance.py): after a one-token match a copy misses about 2 times in 3, and every further
 matched token takes 30% off the chance of a miss for a copy from the own context, 15% for an output
 remembered from another request (which shares less with this one than its own context does). The
 estimates they give came out calibrated on those replays (of the tokens given 0.4-0.6, about half were

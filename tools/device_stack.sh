@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU machine's side of the whole-stack measurements (bench/stack.py), in parts, in one call:
+# The GPU machine's side of the whole-stack measurements (python -m bench.stack), in parts, in one call:
 #   bash tools/device_stack.sh PART...
 # random  : random weights of the default model's shapes with its real tokenizer (.device/model): the stack beside its
 #           engine alone at 1 / 16 / 64 / 256 clients, speculation off; then one decode and one verify step's kernels
-#           (bench/gpu_profile_step.py --trace --graph)
+#           (python -m bench.profile_step --trace --graph)
 # throughput: the same random weights at 64 and 256 clients only, speculation off, stack beside engine
-# prefill : where a prompt's time to first token goes (bench/gpu_profile_step.py --prefill)
+# prefill : where a prompt's time to first token goes (python -m bench.profile_step --prefill)
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
 #           beside its engine alone and Hugging Face at batch 1
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
@@ -25,7 +25,7 @@ OUT=${OUT:-/tmp/out}
 [ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
   touch /tmp/site/.specd-installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECD_HOME=/tmp/specd
-bash bench/build_native_store.sh . .device/old
+bash tools/build_native_store.sh . .device/old
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
 [ -f .device/gguf.part1 ] && cp .device/gguf.part1 /tmp/gguf.part1
 
@@ -35,10 +35,13 @@ default_model() {  # the real weights, converted once per machine
   SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf python3 -m specd.default_model 2>&1 | tail -1
 }
 
-stack() {  # stack TREE NAME ARGS...: bench/stack.py of the code in TREE, its table last
-  local tree=$1 name=$2 root=$PWD; shift 2
-  (cd "$tree" && PYTHONPATH=/tmp/site:$PWD SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
-    timeout "${LIMIT:-560}" python3 "$root/bench/stack.py" --device cuda --out "$OUT/$name.jsonl" \
+# This tree's bench package alone in a folder of its own, so that `stack` runs it over the code of any tree
+mkdir -p /tmp/bench-root && ln -sfn "$PWD/bench" /tmp/bench-root/bench
+
+stack() {  # stack TREE NAME ARGS...: this tree's bench.stack over the code in TREE, its table last
+  local tree name=$2; tree=$(cd "$1" && pwd); shift 2
+  (cd /tmp/bench-root && PYTHONPATH=/tmp/site:$tree SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
+    timeout "${LIMIT:-560}" python3 -m bench.stack --device cuda --out "$OUT/$name.jsonl" \
       --stack-log "$OUT/$name.stack.log" "$@") >"$OUT/$name.log" 2>&1
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
 }
@@ -46,12 +49,12 @@ stack() {  # stack TREE NAME ARGS...: bench/stack.py of the code in TREE, its ta
 for part in "$@"; do
   case $part in
     random)
-      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
-      timeout 300 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
+      timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
       echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
     throughput)
-      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
     final)
       default_model || continue
@@ -59,7 +62,7 @@ for part in "$@"; do
     old) default_model || continue
       LIMIT=300 stack .device/old final_old --clients 1 16 64 256 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
     ab64)  # this tree and .device/old alternating, random weights, 64 clients, speculation off
-      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       for round in 1 2; do
         TAIL=3 LIMIT=120 stack . "ab64_new$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine
         TAIL=3 LIMIT=120 stack .device/old "ab64_old$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine --port-offset 900
@@ -76,8 +79,8 @@ for part in "$@"; do
         --port-offset 900 ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
-      [ -d /tmp/models/smollm2-135m ] || python3 bench/make_random_model.py smollm2-135m /tmp/models/smollm2-135m .device/model
-      timeout 400 python3 bench/gpu_profile_step.py /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      timeout 400 python3 -m bench.profile_step /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1
       echo "== prefill"; grep -v "Warning\|warn" "$OUT/prefill.log" | tail -n 45 ;;
     real|old_real)
       tree=.; [ "$part" = old_real ] && tree=.device/old

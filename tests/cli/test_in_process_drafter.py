@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from support.ports import STACK_PORTS, free_offset, port_is_free
-from support.stack import REPO_ROOT
+from bench.local_stack import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -3,7 +3,7 @@ exit code 2 (issue 16, item 2: SPECD_MAX_MODEL_LEN=8192 used to be served as 5,8
 import subprocess
 import sys
 
-from support.stack import REPO_ROOT, free_port
+from bench.local_stack import REPO_ROOT, free_port
 
 
 def test_specd_verifier_refuses_a_max_model_len_its_cache_cannot_hold():

@@ -9,8 +9,8 @@ import sys
 import psutil
 import pytest
 
+from bench.local_stack import REPO_ROOT, free_port, wait_serving
 from support.ports import STACK_PORTS, free_offset, port_is_free
-from support.stack import REPO_ROOT, free_port, wait_serving
 
 PORT_OPTIONS = {"drafter": ("--port", "--metrics-port"), "verifier": ("--port", "--metrics-port"),
                 "gateway": ("--port", "--http-port")}

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from support.stack import REPO_ROOT, free_port
+from bench.local_stack import REPO_ROOT, free_port
 from support.ports import STACK_PORTS, free_offset, port_is_free
 
 pytestmark = pytest.mark.slow

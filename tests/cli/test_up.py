@@ -2,8 +2,8 @@
 import subprocess
 import sys
 
+from bench.local_stack import REPO_ROOT
 from support.ports import free_offset
-from support.stack import REPO_ROOT
 
 
 def test_a_service_that_dies_at_start_up_stops_the_stack():

@@ -7,7 +7,7 @@ stacks of the other folders keep the CPU default.
 """
 import pytest
 
-from support.stack import Stack
+from bench.local_stack import Stack
 
 
 @pytest.fixture(scope="session")

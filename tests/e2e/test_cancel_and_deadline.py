@@ -3,8 +3,9 @@ import time
 
 import grpc
 
+from bench.local_stack import metric_value
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
-from support.e2e_clients import load_report, metric_value
+from support.e2e_clients import load_report
 
 LONG = dict(prompt="Count from one to one thousand: one, two, three,", max_tokens=400, temperature=0.0,
             ignore_eos=True)

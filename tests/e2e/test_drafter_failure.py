@@ -3,8 +3,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from bench.local_stack import metric_value
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
-from support.e2e_clients import generate, metric_value
+from support.e2e_clients import generate
 from support.e2e_clients import hf_greedy as greedy_reference
 
 PROMPT = ("def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\n"

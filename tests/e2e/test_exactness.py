@@ -4,7 +4,8 @@ import json
 import httpx
 import pytest
 
-from support.e2e_clients import generate, metric_value
+from bench.local_stack import metric_value
+from support.e2e_clients import generate
 from support.e2e_clients import hf_greedy as greedy_reference
 
 # Prompts whose continuations repeat themselves, so n-gram drafts are accepted.

@@ -1,7 +1,8 @@
 """Two verifier replicas behind one gateway share the load."""
 from concurrent.futures import ThreadPoolExecutor
 
-from support.e2e_clients import generate, metric_value
+from bench.local_stack import metric_value
+from support.e2e_clients import generate
 
 
 def forward_passes(stack, name: str) -> float:

@@ -53,7 +53,7 @@ def test_checkpoint_without_lm_head_ties_it_to_the_embeddings(mistral_dir):
 
 
 def test_random_weights_make_the_next_token_follow_from_the_current_one(tmp_path):
-    """bench/gpu_tp.py --speculation replays a plain greedy run's tokens as drafts of random-weight models (70B
+    """Random-weight models can take a plain greedy run's tokens as drafts (the retired TP bench's --speculation, 70B
     shapes have no checkpoint here). Their greedy choice after token t is t + 1 whatever came before, by a margin
     far above any rounding (at 70B shapes in bf16, near-flat logits let greedy with and without drafts part at
     token 11), so the drafts are accepted as a confident real model's would be."""

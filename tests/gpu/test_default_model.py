@@ -45,13 +45,9 @@ def generate(engine, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def test_greedy_with_speculation_equals_without_or_near_tie(default_model):
-    import sys
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from workload import prompts as workload_prompts
+    from bench.workload import prompts as workload_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(default_model)
     _, texts = workload_prompts(8)

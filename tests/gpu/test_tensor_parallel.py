@@ -130,9 +130,6 @@ def test_a_decode_step_syncs_rank_0_with_its_device_at_most_once(checkpoint, tem
 def test_default_model_greedy_with_speculation_equals_without_on_two_ranks():
     needs_gpus(2)
     pytest.importorskip("flash_attn")
-    import sys
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
     from drafter_service.config import DrafterConfig
@@ -143,8 +140,7 @@ def test_default_model_greedy_with_speculation_equals_without_on_two_ranks():
         model = resolve_model_path("default")
     except RuntimeError as error:
         pytest.skip(str(error))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from workload import prompts as workload_prompts
+    from bench.workload import prompts as workload_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [tokenizer(text)["input_ids"] for text in workload_prompts(8)[1]]

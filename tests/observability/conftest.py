@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from bench.local_stack import Stack
 from support.prometheus import PrometheusServer, require_binary
-from support.stack import Stack
 
 NAMESPACE = "specd-test"  # attached to every scraped series, as Kubernetes discovery would
 PROMPTS = [

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from support.stack import REPO_ROOT
+from bench.local_stack import REPO_ROOT
 from verifier_service.parallel.diagnostics import DUMP_ENV
 
 

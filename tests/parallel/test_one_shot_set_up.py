@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from support.stack import free_port
+from bench.local_stack import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

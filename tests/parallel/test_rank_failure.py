@@ -20,9 +20,9 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.local_stack import REPO_ROOT, Service, free_port, wait_serving
 from engine_model.checkpoints import save_tiny_checkpoint
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
-from support.stack import REPO_ROOT, Service, free_port, wait_serving
 
 pytestmark = pytest.mark.timeout(240)
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING

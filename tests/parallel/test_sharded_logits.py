@@ -68,8 +68,9 @@ def test_rank_0_alone_offers_no_method_the_other_ranks_would_miss(tmp_path):
 
 
 def test_random_weights_over_two_ranks_still_lead_each_token_to_the_next(tmp_path):
-    """bench/gpu_tp.py draws a rank's shard on its GPU (no checkpoint of 70B shapes): the LM head rows of one rank
-    come from embedding rows another rank holds, so greedy goes from t to t + 1 across the ranks' vocabulary split."""
+    """Random weights draw a rank's shard on its GPU (70B shapes have no checkpoint; the retired TP bench,
+    bench/gpu_tp.py at commit 2e60c5c, ran them so): the LM head rows of one rank come from embedding rows another
+    rank holds, so greedy goes from t to t + 1 across the ranks' vocabulary split."""
     save_tiny_checkpoint("qwen3-qk_norm-untied", tmp_path)  # only its config.json is read
     config = EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", block_size=BLOCK_SIZE,
                           kv_cache_bytes=1 << 20, tensor_parallel_size=2, random_weights=True)

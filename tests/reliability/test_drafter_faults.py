@@ -1,33 +1,22 @@
 """Drafter faults cost no request and no time (one stack, one drafter, one verifier, a gateway).
 
-- Killed and restarted mid-run under load (the short soak of bench/soak.py): nothing lost, nothing
+- Killed and restarted mid-run under load (a short run of the soak benchmark, bench/soak.py): nothing lost, nothing
   different from the greedy reference, fallbacks counted, and drafting comes back after the restart.
 - Slow (--inject-delay-ms far beyond the per-step budget): each step waits for drafts only up to the
   drafter client's deadline, then decodes without them; output is unchanged.
 """
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from support.e2e_clients import generate, metric_value
-from support.stack import Stack
+from bench import soak
+from bench.local_stack import Stack, metric_value
+from support.e2e_clients import generate
 
-SOAK_PATH = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 INJECTED_DELAY_MS = 250  # far beyond the per-step budget (the drafter client's deadline, 5 ms)
 STEP_CEILING_SECONDS = 0.1  # a propose stage this long would mean steps wait for the drafter
 REPEATING_PROMPT = "a b c d a b c d a b c d a b c d a b c"
 MAX_TOKENS = 24
-
-
-def load_soak():
-    spec = importlib.util.spec_from_file_location("soak", SOAK_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +31,6 @@ def verifier_metric(stack, name: str, **labels) -> float:
 
 
 def test_short_soak_with_a_drafter_kill_loses_nothing_and_changes_nothing(stack):
-    soak = load_soak()
     report = soak.run_soak(stack, clients=12, duration=30.0, max_tokens=16, kill_at=0.4, down_for=4.0)
     print("\n" + soak.format_report(report))
     assert report.completed >= report.clients, "too little load to mean anything"

@@ -7,7 +7,8 @@ import httpx
 import psutil
 import pytest
 
-from support.e2e_clients import generate, greedy_request, load_report, metric_value, wait_for_load, wait_until_idle
+from bench.local_stack import metric_value
+from support.e2e_clients import generate, greedy_request, load_report, wait_for_load, wait_until_idle
 from support.small_stack import CONTEXT, KV_BLOCKS, MAX_WAITING_REQUESTS
 
 PROMPTS = [f"List {n} fruits, one per line, numbered:" for n in (3, 4, 5, 6)]

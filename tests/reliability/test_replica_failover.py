@@ -13,9 +13,9 @@ import grpc
 import httpx
 import pytest
 
+from bench.local_stack import Stack
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 from support.e2e_clients import generate, load_report, wait_until_idle
-from support.stack import Stack
 
 PROMPTS = [f"Count from {n} to 100: {n}, {n + 1}," for n in range(1, 7)]
 MAX_TOKENS = 32

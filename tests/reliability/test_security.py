@@ -6,9 +6,9 @@ import grpc
 import httpx
 import pytest
 
+from bench.local_stack import Stack
 from specd.serving import TlsConfig, open_channel
 from specd.v1 import drafter_pb2, drafter_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from support.stack import Stack
 from support.tls_certs import TestCertificateAuthority
 
 API_KEY = "sk-reliability-test-key"

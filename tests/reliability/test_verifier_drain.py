@@ -9,9 +9,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.local_stack import REPO_ROOT, Service, Stack, free_port, wait_serving
 from specd.serving import open_channel
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from support.stack import REPO_ROOT, Service, Stack, free_port, wait_serving
 
 DRAIN_SECONDS = 6.0  # the short stream's one more step fits easily, even on a busy 2-core box
 

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from support.stack import REPO_ROOT, Stack, free_port, wait_serving
+from bench.local_stack import REPO_ROOT, Stack, free_port, wait_serving
 from support.specd_metrics import exposed_series_names
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Real drafter servers for tests and benches: in a background thread (to look inside) or a process."""
+"""Real drafter servers for tests: in a background thread (to look inside) or a process."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
-"""Small clients the e2e tests share: gRPC Generate through the gateway, verifier load reports, metrics."""
+"""Small clients the e2e tests share: gRPC Generate through the gateway, verifier load reports, Hugging Face's
+greedy reference. A service's metrics are read with bench/local_stack.py's metric_value, beside the stack."""
 from __future__ import annotations
 
 import functools
@@ -6,8 +7,6 @@ import time
 from dataclasses import dataclass
 
 import grpc
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from specd.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
@@ -54,16 +53,6 @@ def wait_for_load(address: str, condition, timeout: float = 30.0) -> verifier_pb
 def wait_until_idle(address: str, timeout: float = 30.0) -> verifier_pb2.LoadReport:
     """No live request left on the verifier (aborts are applied between engine steps)."""
     return wait_for_load(address, lambda report: report.num_running + report.num_waiting == 0, timeout)
-
-
-def metric_value(url: str, name: str, **labels) -> float:
-    """The summed value of the samples named `name` whose labels include `labels` (0 if absent)."""
-    total = 0.0
-    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 @functools.lru_cache(maxsize=None)

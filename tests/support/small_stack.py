@@ -5,7 +5,7 @@ forces preemption; the verifier's context shrinks to what the cache holds (CONTE
 """
 from __future__ import annotations
 
-from support.stack import Stack
+from bench.local_stack import Stack
 
 # 2 (K and V) * 30 layers * 3 KV heads * 64 dims * 16 tokens * 4 bytes (float32): the default model's block.
 KV_BLOCK_BYTES = 2 * 30 * 3 * 64 * 16 * 4

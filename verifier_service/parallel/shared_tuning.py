@@ -29,7 +29,7 @@ all-reduce). Two places hold such choices, and in lockstep neither is used:
   not reach: rank 0 of a GPU test, whose pool was up from its TP 1 runner, took the choice a worker read while
   rank 1, its pool still starting, tuned (round 17). So in lockstep every rank compiles in its own process.
 - this process's compiled kernels, tuned already when rank 0's process compiled them earlier (a TP 1 runner
-  before the TP one, as the GPU tests and bench/gpu_tp.py do; the greedy verdict's kernel is the same at every
+  before the TP one, as the GPU tests do; the greedy verdict's kernel is the same at every
   TP size): share_tuning resets torch.compile's in-process state, so every rank starts as a new process does.
 A choice Inductor times while it compiles is a rank's own too, and gives the ranks different kernels: at Llama-3-70B
 shapes over 4 ranks, one rank padded a 5-row GEMM to 8 rows (pad_mm) and the others did not (round 17). That

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device call: lanes of bench/device_run.sh parts side by side, each lane on its own GPUs and its parts one after
+# One device call: lanes of tools/device_run.sh parts side by side, each lane on its own GPUs and its parts one after
 # another, all within LIMIT seconds; then everything the parts wrote is packed into $OUT/all.tgz (the device tool
 # brings back at most 8 files) and their tables are printed.
-#   LIMIT=540 bash bench/device_call.sh "0,1 FRESH_COMPILE=1 tptimeline2 tplatency2" "2 tplatency1"
+#   LIMIT=540 bash tools/device_call.sh "0,1 FRESH_COMPILE=1 tptests" "2 latency1 throughput"
 # A lane is "DEVICES [VAR=VALUE | PART]...": a VAR=VALUE applies to the lane's later parts. Lane n writes to
 # $OUT/lane<n>. Past LIMIT every lane is killed (its part's log says how far it got), so the archive still comes back.
 set -u
-OUT=${OUT:-/tmp/out} LIMIT=${LIMIT:-540} RUN=${DEVICE_RUN:-bench/device_run.sh}
+OUT=${OUT:-/tmp/out} LIMIT=${LIMIT:-540} RUN=${DEVICE_RUN:-tools/device_run.sh}
 mkdir -p "$OUT"
 bash "$RUN" >/dev/null 2>&1  # installs once, before the lanes start side by side
 

@@ -1,24 +1,30 @@
-"""Where a batch-1 decode step's GPU time goes: kernels per step and the top kernels by CUDA time.
+"""Where the GPU's time goes: one engine step's kernels, a prompt's time to first token, and a run's device time
+by kernel family (the one profiling tool; the probes it replaced are listed in docs/BENCHMARKS.md).
 
-Usage: python bench/gpu_profile_step.py MODEL_DIR [--no-compile] [--trace [--graph]]
-(prints the profiler's table of one decode step x 20, run without CUDA graphs). With --trace it prints
-instead the ordered kernel names of ONE decode step and ONE verify step (k = 4), each with its duration,
+    python -m bench.profile_step MODEL_DIR [--no-compile]   # one batch-1 decode step x 20: the profiler's table
+    python -m bench.profile_step MODEL_DIR --trace [--graph]
+    python -m bench.profile_step MODEL_DIR --prefill
+
+Without options it prints the profiler's table of one decode step x 20, run without CUDA graphs. With --trace it
+prints instead the ordered kernel names of ONE decode step and ONE verify step (k = 4), each with its duration,
 so that every kernel of a layer can be attributed (norm, GEMM, QK-norm + RoPE, KV write, attention, ...),
 then the kernels per layer of each step (the step's kernels minus those outside the layers, / layers).
 With --graph the traced steps are replays of the captured CUDA graphs (batch 1, widths 1 and 5): the kernels
-and durations of the graph itself, without the host-side copies of an eager step.
+and durations of the graph itself, without the host-side copies of an eager step. --prefill: where a prompt's
+time to first token goes. `profiled_kernels` and `print_kernel_table` summarise any GPU run by kernel family
+(bench/gpu_throughput.py --kernels).
 """
 from __future__ import annotations
 
+import re
 import sys
-from pathlib import Path
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest  # noqa: E402
-from verifier_service.engine.model_runner import ModelRunner  # noqa: E402
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.model_runner import ModelRunner
 
 CONTEXT = 512
 
@@ -69,10 +75,6 @@ def trace(runner: ModelRunner, table: list[int], graphs: bool) -> None:
 def prefill(model_dir: str) -> None:
     """Where a prompt's time to first token goes: prefills of several lengths through the runner (first call and
     repeats), the host's top operations of one, and the engine's add -> first output as the verifier runs it."""
-    import time
-
-    from torch.profiler import ProfilerActivity, profile
-
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine, build_model_runner
     from verifier_service.engine.sampling_params import SamplingParams
@@ -109,6 +111,54 @@ def prefill(model_dir: str) -> None:
         runner.execute(ScheduledBatch([ScheduledRequest("x", list(range(1, 251)), 0, table, 0, 1)]))
         sync()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+
+
+# kernel name pattern -> family, first match wins (names differ between inductor, cuBLAS and flash-attn builds)
+FAMILIES = [
+    (r"flash_fwd_splitkv|flash_fwd_split|combine", "attention, decode (split-KV)"),
+    (r"flash_fwd", "attention, prefill / verify"),
+    (r"gemm|gemv|cutlass|sm90_xmma|nvjet|cublas|triton_tem", "GEMM"),
+    (r"store_kvcache|reshape_and_cache|index_put|scatter", "KV cache write"),
+    (r"exponential|argmax|softmax|sort|topk|cumsum|multinomial|race|keyed", "sampling"),
+    (r"Memcpy|memcpy|Memset|memset", "copies"),
+    (r"triton_|fused_", "fused elementwise (norms, rotary, SiLU, ...)"),
+]
+
+
+def kernel_family(name: str) -> str:
+    for pattern, label in FAMILIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def profiled_kernels(fn, *args):
+    """(fn's result, wall seconds, {kernel name: (calls, device seconds)}), CUDA activity only, so the host pays
+    almost nothing; busy time against wall time shows how long the device waited for the host."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        result = fn(*args)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    kernels = {e.key: (e.count, e.self_device_time_total / 1e6) for e in prof.key_averages()
+               if e.self_device_time_total > 0}
+    return result, wall, kernels
+
+
+def print_kernel_table(title: str, wall: float, kernels: dict[str, tuple[int, float]], top: int = 30) -> None:
+    """Device busy / wall, then device time by kernel family and the `top` kernels."""
+    busy = sum(seconds for _, seconds in kernels.values())
+    print(f"\n{title}: wall {wall:.2f} s, kernels {busy:.2f} s ({busy / wall:.0%} busy)")
+    families: dict[str, float] = {}
+    for name, (_, seconds) in kernels.items():
+        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + seconds
+    print("| family | device s | share |\n|---|---|---|")
+    for label, seconds in sorted(families.items(), key=lambda kv: -kv[1]):
+        print(f"| {label} | {seconds:.3f} | {seconds / busy:.1%} |")
+    print("| kernel | calls | device s | share |\n|---|---|---|---|")
+    for name, (calls, seconds) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"| {name[:90]} | {calls} | {seconds:.3f} | {seconds / busy:.1%} |")
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
-"""A whole specd stack as real processes on free loopback ports, for end-to-end tests and benchmarks.
+"""A whole specd stack as real processes on free loopback ports, one process per service, for the soak
+benchmark (bench/soak.py) and the end-to-end tests.
 
 Each service runs as `python -m specd.cli <service> ...` with its output in a log file; `start()`
 returns once every service's grpc health check reports SERVING. One service can be killed and
-restarted on the same ports (the drafter-failure tests do). Model loading costs seconds on the
-CPU, so tests share one stack per module.
+restarted on the same ports (the soak and the drafter-failure tests do). Model loading costs seconds on
+the CPU, so tests share one stack per module.
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from pathlib import Path
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from specd.serving import TlsConfig, open_channel
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECONDS = 240.0
 
 
@@ -54,6 +56,16 @@ def wait_serving(address: str, process: subprocess.Popen, log_path: Path,
                 pass
             time.sleep(0.1)
     raise TimeoutError(f"{address} not SERVING after {timeout:.0f} s:\n{_tail(log_path)}")
+
+
+def metric_value(url: str, name: str, **labels) -> float:
+    """The summed value of the samples named `name` whose labels include `labels` (0 if absent)."""
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
 
 
 def _ssl_context(verify, cert):

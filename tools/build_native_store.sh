@@ -3,7 +3,7 @@
 # `pip install` builds it, from the setuptools and pybind11 wheels in .device/build/ (the GPU machine has no
 # package index). Trees already built are skipped; without the wheels nothing is built, and the drafter (and the
 # benches' in-process proposer) run the Python reference store.
-#   bash bench/build_native_store.sh [TREE...]
+#   bash tools/build_native_store.sh [TREE...]
 ls .device/build/*.whl >/dev/null 2>&1 || exit 0
 for tree in "${@:-.}"; do
   [ -d "$tree/drafter_service" ] || continue
