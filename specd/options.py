@@ -26,7 +26,7 @@ DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.dr
 DRAFT_POLICIES = ("goodput", "batch-size")  # verifier_service/engine/draft_policy.py
 MAX_GATEWAY_PROCESSES = 64
 DEFAULT_MAX_GATEWAY_PROCESSES = 8  # --gateway-processes auto takes no more
-# --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS.md, "CPU default for k").
+# --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS_ARCHIVE.md, "CPU default for k").
 DEFAULT_NUM_SPECULATIVE_TOKENS = {"cpu": 6, "cuda": 4}
 # --max-num-seqs / --max-num-batched-tokens left unset, per device: a GPU serves hundreds of streams at once (CUDA
 # graphs are captured for batches up to it); two CPU cores are saturated long before 64.

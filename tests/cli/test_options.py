@@ -69,7 +69,8 @@ def test_max_speculative_tokens_reaches_the_engine_config(monkeypatch, argv, env
     assert verifier_config_from_options(options).engine.speculative_tokens_limit == expected
 
 
-@pytest.mark.parametrize("device, expected", [("cpu", 6), ("cuda", 4)])  # docs/BENCHMARKS.md, "CPU default for k"
+# docs/BENCHMARKS_ARCHIVE.md, "The CPU default for k"
+@pytest.mark.parametrize("device, expected", [("cpu", 6), ("cuda", 4)])
 def test_unset_num_speculative_tokens_takes_the_device_default(device, expected):
     options = parse(["verifier", "--device", device])
     assert options.num_speculative_tokens is None

@@ -7,7 +7,7 @@ Three kernels, all reading K/V straight from the paged cache through `block_tabl
 - the same kernel for decode steps (one token each) too small to fill the GPU: batch * kv_heads * 2 <= SMs. FA2
   splits the KV of such a step over the block table's whole width (max_model_len, fixed when a CUDA graph is
   captured), so that a batch-1 decode step of 576 keys spent 13.7 us a layer in its split and combine kernels
-  (Qwen3-8B, H100), 14.6 at TP = 2; the Triton kernel splits the context each sequence has (docs/BENCHMARKS.md,
+  (Qwen3-8B, H100), 14.6 at TP = 2; the Triton kernel splits the context each sequence has (docs/BENCHMARKS_ARCHIVE.md,
   round 13). Decode and verify steps of few sequences then also attend with the same kernel.
 - `flash_attn_with_kvcache` for the other uniform steps (decode batches that fill the GPU, where FA2 is at the
   KV-read floor): q is reshaped to [batch, query_len, heads, head_dim].
@@ -18,7 +18,7 @@ sequence with context_len keys sees keys [0, p], which is exactly our causal rul
 New keys and values: one Triton kernel writes both before attending (triton_kv_write.py; index_copy_ without
 triton). Letting flash_attn_with_kvcache write them itself in single-token steps (k=, v=, cache_seqlens = the
 lengths before the step) saves that kernel but was slower in the decode CUDA graph on an H200: its split
-kernel and combine took 11.4 + 6.2 us per layer, decode replay 1.33-1.39 vs 1.22 ms (docs/BENCHMARKS.md,
+kernel and combine took 11.4 + 6.2 us per layer, decode replay 1.33-1.39 vs 1.22 ms (docs/BENCHMARKS_ARCHIVE.md,
 round 5), so it was dropped.
 """
 from __future__ import annotations

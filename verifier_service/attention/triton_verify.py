@@ -6,7 +6,7 @@ which are the last k + 1 positions of its context. FA2 reads each key and value 
 (and pads the k + 1 rows to its 64/128-row tile), so at k = 4 it reaches ~28% of the KV-read floor.
 Here one program per (sequence, KV head, KV split) packs the GQA group's query heads x the k + 1 tokens
 into one tile (group * (k + 1) rows, padded to BLOCK_M >= 16), so every key and value is read once per
-KV head: ~78% of the floor at batch 32, L = 2048, k = 4 on an H200 (docs/BENCHMARKS.md).
+KV head: ~78% of the floor at batch 32, L = 2048, k = 4 on an H200 (docs/BENCHMARKS_ARCHIVE.md).
 
 Online softmax in float32 (log2 units), causal within the step: the token at row t sits at position
 context_len - query_len + t and sees keys [0, that position]. With num_splits > 1 each program covers one

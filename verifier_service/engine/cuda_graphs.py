@@ -91,7 +91,7 @@ class GraphedSteps:
         # A step's own ops are ~25 tiny kernels eagerly (positions, slots, the verdict); fused, a few. Decode steps
         # (width 1) judge nothing: their verdict is a function of its own (greedy_verdict.decode_verdict). Each
         # verdict is compiled twice: for dynamic shapes (every bucket) and, apart, for static ones (one-sequence
-        # steps, where the dynamic form's argmax took ~30 us at one row: docs/BENCHMARKS.md, round 13).
+        # steps, where the dynamic form's argmax took ~30 us at one row: docs/BENCHMARKS_ARCHIVE.md, round 13).
         self._plain_ops()
         if compile_step:
             self._positions = torch.compile(step_positions, dynamic=True, fullgraph=True)

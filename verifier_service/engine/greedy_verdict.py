@@ -9,7 +9,7 @@ bonus token). This is the rejection sampler's greedy rule (rejection_sampler.py)
 launches no sampling kernels from the host, and its result has the rejection sampler's layout.
 
 The argmax runs in two stages (row_argmax): compiled as one reduction, a row of a 151,936-word vocabulary was one
-program's serial loop, 63-79 us of a batch-1 decode step on an H100 (docs/BENCHMARKS.md, round 13).
+program's serial loop, 63-79 us of a batch-1 decode step on an H100 (docs/BENCHMARKS_ARCHIVE.md, round 13).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def decode_verdict(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """greedy_verdict of a plain decode step (width 1: nothing to judge): each row's argmax, 0 drafts accepted.
 
-    A function of its own, so that CUDA graphs compile it apart from greedy_verdict (docs/BENCHMARKS.md, round
+    A function of its own, so that CUDA graphs compile it apart from greedy_verdict (docs/BENCHMARKS_ARCHIVE.md, round
     12): compiled as greedy_verdict, with dynamic shapes, the 256-row decode steps of a server that also captured
     verify widths spent 0.35 ms in the verdict's kernel against 0.045 ms where only width 1 was captured (H100)."""
     target = row_argmax(logits).unsqueeze(1)  # [bucket, 1]

@@ -49,9 +49,9 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 
 # Static graphs of a few rows (2-9 tokens: verify steps, small decode batches) keep cuBLAS for their GEMMs.
 # Autotuning times each candidate with its weight hot in the L2 cache, where a step reads every layer's
-# weights from HBM: it picked Triton templates up to 2x slower there than cuBLAS (docs/BENCHMARKS.md round 7, H100,
-# Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and picked
-# differently from one machine to the next.
+# weights from HBM: it picked Triton templates up to 2x slower there than cuBLAS (docs/BENCHMARKS_ARCHIVE.md
+# round 7, H100, Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and
+# picked differently from one machine to the next.
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
 
@@ -63,8 +63,8 @@ def _compiled(method, static_token_counts: set[int], device: torch.device):
     cuBLAS picks poor kernels for one-row GEMMs of small models: Qwen3-0.6B's o_proj (1024 x 2048) takes
     6.1 us for a 1.4 us weight read on an H100. Inductor rewrites a one-row GEMM as a reduction (tuned by
     coordinate descent, fused with the norm before it): 3.7 us, and a step's projections 692 instead of
-    851 us (docs/BENCHMARKS.md round 4). Static graphs compile once per token count, during the warm-up / CUDA graph
-    capture before the service reports SERVING.
+    851 us (docs/BENCHMARKS_ARCHIVE.md round 4). Static graphs compile once per token count, during the warm-up /
+    CUDA graph capture before the service reports SERVING.
     """
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
     dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)

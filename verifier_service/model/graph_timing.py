@@ -3,7 +3,7 @@
 Inductor tunes a kernel by timing each candidate launch configuration from Python, with CUDA events around
 every launch (CachingAutotuner.bench). A decode step's kernels run for 1-30 us, less than that launch path
 (clones of the arguments the kernel writes, the launcher's Python) takes on a host that is compiling at the
-same time: the GPU waits for the host inside the timed span. On 2x H200 (docs/BENCHMARKS.md, round 15) the
+same time: the GPU waits for the host inside the timed span. On 2x H200 (docs/BENCHMARKS_ARCHIVE.md, round 15) the
 candidates of a TP 2 o_proj timed 18-57 us for a kernel that runs 5.9 us in the step, and one candidate 20 us
 on one rank against 35 on the other; the down projection's pick ran 27.6 us in the step in one start-up and 13.9
 in another. The choice was noise.

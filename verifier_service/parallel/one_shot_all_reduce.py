@@ -2,7 +2,7 @@
 
 A batch-1 step of a sharded model runs two all-reduces per layer of one [tokens, hidden] row block (8 KB for
 Qwen3-8B). NCCL spends ~12 us on each in a CUDA graph, almost all of it latency: at TP = 2 on H100s a Qwen3-8B
-decode step took 4.40 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS.md, round 10), 0.84 ms of it in 72
+decode step took 4.40 ms against a 2.75 ms weight-read floor (docs/BENCHMARKS_ARCHIVE.md, round 10), 0.84 ms of it in 72
 all-reduces. PyTorch's own one-shot kernel (a barrier of signal pads, a read of every peer's buffer, a second
 barrier, and a copy into the shared buffer before it) saved only 2 us of them. This one sends instead of reads:
 each rank writes its words straight into every peer's buffer (CUDA IPC over NVLink) and waits for theirs in its

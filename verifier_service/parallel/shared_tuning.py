@@ -3,7 +3,7 @@
 torch.compile tunes some kernels the first time they run (model/compile.py: one-row GEMMs as reductions under
 coordinate descent, pointwise and reduction kernels with several candidate launch configurations): it times
 each candidate on this process's GPU and keeps the fastest. Each rank did this on its own GPU, and chose
-differently: 7 of a TP 2 decode step's 30 kernels differed on an H100 (docs/BENCHMARKS.md, round 14). Every
+differently: 7 of a TP 2 decode step's 30 kernels differed on an H100 (docs/BENCHMARKS_ARCHIVE.md, round 14). Every
 all-reduce then waits for the rank that drew the slower choice, so a step paid the slower of every pair: up to
 0.15-0.28 ms a step.
 
