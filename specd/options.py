@@ -217,7 +217,7 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-memory-scope", choices=DRAFT_MEMORY_SCOPES,
                        default=_env("draft_memory_scope", defaults.draft_memory_scope),
                        help="drafter: share its memory of earlier outputs across all requests (global), only "
-                            "among requests of one tenant key (per-key), or keep none (off); see the README")
+                            "among requests of one tenant key (per-key), or keep none (off); see docs/CONFIGURATION.md")
     group.add_argument("--draft-memory-tokens", type=int, default=_optional_int(_env("draft_memory_tokens", None)),
                        help="drafter: tokens of earlier outputs it remembers (default 1,000,000)")
     group.add_argument("--draft-min-probability", type=float,

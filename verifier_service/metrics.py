@@ -1,4 +1,4 @@
-"""The verifier's Prometheus metrics (README's metrics table), filled by an exporter that reads stats objects.
+"""The verifier's Prometheus metrics (docs/OPERATIONS.md, Observability), filled by an exporter that reads stats objects.
 
 The engine only counts (its stats objects); the drafter client only counts its fallbacks. The engine process sends
 them to the serving process with each step's outputs (engine_process.py), where `VerifierMetricsExporter.export()`

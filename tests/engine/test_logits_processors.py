@@ -1,4 +1,4 @@
-"""Each verify row is adjusted as the definitions say (README: logit bias, then repetition, frequency and presence
+"""Each verify row is adjusted as the definitions say (docs/API.md: logit bias, then repetition, frequency and presence
 penalty) with the tokens before its position, checked against a plain per-token reference; nothing is built or
 copied for a batch that uses none of it."""
 from collections import Counter
