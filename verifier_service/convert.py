@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage, TokenLogprobs
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+from specd.sampling import InvalidParameter, SamplingParams
 
 
 MAX_TENANT_KEY_BYTES = 128  # the gateway sends 32 hex digits; the drafter refuses longer keys

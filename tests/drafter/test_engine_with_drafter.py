@@ -16,7 +16,7 @@ from support.fake_runner import FakePagedRunner, greedy_reference
 from verifier_service.drafter_client import DrafterClient
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from support.engine_runs import run
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine, build_model_runner
 from verifier_service.engine.proposer import DraftRequest
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 MAX_TOKENS = 48
 TEXTS = [

@@ -14,7 +14,7 @@ from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.outputs import FinishReason
 from verifier_service.engine.request import PENDING_TOKEN, Request
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 from verifier_service.engine.scheduler import Scheduler
 
 

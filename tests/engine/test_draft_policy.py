@@ -12,7 +12,7 @@ from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+from specd.sampling import InvalidParameter, SamplingParams
 
 K = 4
 GOODPUT = DraftPolicyConfig(goodput=True)

@@ -8,7 +8,7 @@ from support.proposers import AdversarialProposer, BruteForceNgramProposer, Orac
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.outputs import FinishReason
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+from specd.sampling import InvalidParameter, SamplingParams
 
 def make_engine(proposer=None, **config) -> Engine:
     runner = FakePagedRunner(num_blocks=config.pop("num_blocks", 64), vocab_size=VOCAB)

@@ -14,7 +14,7 @@ from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdic
 from verifier_service.engine.rejection_sampler import PendingVerification, verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 VOCAB = 7
 

@@ -13,7 +13,7 @@ from support.engine_runs import run
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 MAX_TOKENS = 24
 TOLERANCE = 1e-4

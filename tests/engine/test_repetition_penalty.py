@@ -11,7 +11,7 @@ from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 MAX_TOKENS = 32
 PENALTY = 1.3

@@ -14,7 +14,7 @@ from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine, build_model_runner
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 MAX_TOKENS = 64
 TEXTS = [  # four of tests/engine/test_engine_greedy.py's prompts: the transformers results are cached on disk

@@ -11,7 +11,7 @@ import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 
 def run(engine: Engine) -> dict[str, list[int]]:

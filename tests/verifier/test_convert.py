@@ -5,7 +5,7 @@ import pytest
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.convert import ModelLimits, output_to_proto, request_from_proto, sampling_from_proto
 from verifier_service.engine.outputs import RequestOutput, RequestUsage, TokenLogprobs
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
+from specd.sampling import InvalidParameter, SamplingParams
 
 LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
 

@@ -6,7 +6,7 @@ import threading
 from support.fake_runner import FakePagedRunner
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 from verifier_service.engine_loop import EngineLoop
 
 LONG = SamplingParams(max_tokens=1000, ignore_eos=True)

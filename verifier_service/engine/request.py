@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from enum import Enum
 
 from verifier_service.engine.outputs import FinishReason, RequestUsage
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 
 PENDING_TOKEN = 0  # stands for a token sampled on the device but not yet seen by the host (a valid id)

@@ -3,7 +3,7 @@ they time anything, so both pay for lazy set-up in the same place (then start_up
 from __future__ import annotations
 
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 
 def warm_up(engine: Engine) -> None:
