@@ -31,27 +31,28 @@ def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> Reques
 
 def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb2.VerifierGenerateRequest:
     """The verifier call for a validated request."""
-    sampling = common_pb2.SamplingParams(
-        max_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        min_p=request.min_p,
-        seed=request.seed,
-        ignore_eos=request.ignore_eos,
-        stop_token_ids=request.stop_token_ids,
-        num_speculative_tokens=request.num_speculative_tokens,
-        logprobs=request.logprobs,
-        logprobs_mode=_LOGPROBS_MODE_NUMBERS[request.logprobs_mode],
-        output_position_offset=request.output_position_offset,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty,
-        logit_bias=dict(request.logit_bias),
+    sampling = request.sampling
+    wire = common_pb2.SamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        seed=sampling.seed,
+        ignore_eos=sampling.ignore_eos,
+        stop_token_ids=sampling.stop_token_ids,
+        num_speculative_tokens=sampling.num_speculative_tokens,
+        logprobs=sampling.logprobs,
+        logprobs_mode=_LOGPROBS_MODE_NUMBERS[sampling.logprobs_mode],
+        output_position_offset=sampling.output_position_offset,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+        logit_bias=sampling.logit_bias,
     )
     return verifier_pb2.VerifierGenerateRequest(
-        request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling,
-        tenant_key=request.tenant_key)
+        request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=wire,
+        tenant_key=sampling.tenant_key)
 
 
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:

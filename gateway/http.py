@@ -8,7 +8,6 @@ grpc code of the same meaning.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -88,7 +87,7 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
     ranked = best_of > n  # samples are ranked by their logprobs, asked for if the client did not
-    sampled = dataclasses.replace(generation, logprobs=generation.logprobs or 0) if ranked else generation
+    sampled = generation.with_sampling(logprobs=generation.sampling.logprobs or 0) if ranked else generation
     chunks = interleaved(pipeline, sample_requests(sampled, best_of), deadline)
     if body.stream:
         # The first chunk is awaited here so that a failure before any token is a proper HTTP status.
@@ -99,7 +98,7 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     usage = total_usage([choice.usage for choice in choices])
     seed = choices[0].seed  # sample 0's: with the same n and best_of it reproduces every sample
     if ranked:
-        choices = best(choices, n, keep_logprobs=generation.logprobs is not None)
+        choices = best(choices, n, keep_logprobs=generation.sampling.logprobs is not None)
     return JSONResponse(writer.full(choices, usage, seed))
 
 
