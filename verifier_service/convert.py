@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from specd.sampling import InvalidParameter, SamplingParams
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage, TokenLogprobs
-from specd.sampling import InvalidParameter, SamplingParams
 
 
 MAX_TENANT_KEY_BYTES = 128  # the gateway sends 32 hex digits; the drafter refuses longer keys

@@ -6,8 +6,8 @@ import grpc
 import pytest
 
 from gateway.request import GenerationRequest
-from specd.sampling import SamplingParams
 from gateway.router import ReplicaPin, Router, UpstreamError
+from specd.sampling import SamplingParams
 from support.scripted_verifier import ScriptedVerifier
 
 # Fixtures live on the session loop (pyproject), so the tests must too: grpc.aio binds to one loop.

@@ -2,10 +2,10 @@
 (0 never stands for "unset" or "off"), in the float32 precision it is sampled with."""
 import pytest
 
+from specd.sampling import InvalidParameter, SamplingParams
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.convert import ModelLimits, output_to_proto, request_from_proto, sampling_from_proto
 from verifier_service.engine.outputs import RequestOutput, RequestUsage, TokenLogprobs
-from specd.sampling import InvalidParameter, SamplingParams
 
 LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
 

@@ -5,8 +5,8 @@ import secrets
 from collections.abc import Sequence
 from enum import Enum
 
-from verifier_service.engine.outputs import FinishReason, RequestUsage
 from specd.sampling import SamplingParams
+from verifier_service.engine.outputs import FinishReason, RequestUsage
 
 
 PENDING_TOKEN = 0  # stands for a token sampled on the device but not yet seen by the host (a valid id)
