@@ -15,6 +15,13 @@ def test_unset_top_p_and_max_tokens_take_their_defaults():
     assert (params.top_p, params.max_tokens) == (1.0, 60)
 
 
+def test_a_negative_k_is_refused_naming_num_speculative_tokens():
+    sampling = common_pb2.SamplingParams(temperature=1.0, num_speculative_tokens=-1)  # int32, as the gateway's
+    with pytest.raises(InvalidParameter) as error:
+        sampling_from_proto(sampling, prompt_len=4, limits=LIMITS)
+    assert error.value.field == "num_speculative_tokens"
+
+
 @pytest.mark.parametrize("field, value", [("top_p", 0.0), ("top_p", 1e-46), ("max_tokens", 0)])
 def test_a_zero_that_was_sent_is_refused_not_read_as_unset(field, value):
     sampling = common_pb2.SamplingParams(temperature=1.0, **{field: value})
