@@ -140,6 +140,8 @@ def in_range(value: float, bounds: tuple[float, float]) -> bool:
 # SamplingParams; a client sets those of CLIENT_FIELDS (gateway.proto's GenerateRequest, the HTTP body).
 ENGINE_ONLY_FIELDS = ("min_ngram", "max_ngram")  # set in-process (benchmarks, tests), never on the wire
 REQUEST_FIELDS = ("tenant_key",)  # on VerifierGenerateRequest beside its SamplingParams: who the request is for
+WIRE_FIELDS = tuple(name for name in SamplingParams.__dataclass_fields__
+                    if name not in ENGINE_ONLY_FIELDS + REQUEST_FIELDS)  # common.proto's SamplingParams
 CLIENT_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "num_speculative_tokens",
                  "logprobs", "logprobs_mode", "presence_penalty", "frequency_penalty", "repetition_penalty",
                  "logit_bias")

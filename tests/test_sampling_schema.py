@@ -53,9 +53,7 @@ def _scalar(field: FieldDescriptor) -> str:
 def _carriers() -> list[tuple[str, object, tuple[str, ...]]]:
     """(what, message descriptor, schema fields it carries): all but the engine's own in the verifier's
     SamplingParams, the tenant key beside it, and what a client may set in the gateway's GenerateRequest."""
-    on_the_wire = tuple(name for name in _SCHEMA
-                        if name not in sampling.ENGINE_ONLY_FIELDS + sampling.REQUEST_FIELDS)
-    return [("common.SamplingParams", common_pb2.SamplingParams.DESCRIPTOR, on_the_wire),
+    return [("common.SamplingParams", common_pb2.SamplingParams.DESCRIPTOR, sampling.WIRE_FIELDS),
             ("verifier.VerifierGenerateRequest", verifier_pb2.VerifierGenerateRequest.DESCRIPTOR,
              sampling.REQUEST_FIELDS),
             ("gateway.GenerateRequest", gateway_pb2.GenerateRequest.DESCRIPTOR, sampling.CLIENT_FIELDS)]
@@ -79,5 +77,5 @@ def test_every_sampling_proto_field_is_a_schema_field():
 
 
 def test_the_schemas_field_groups_name_schema_fields():
-    groups = sampling.ENGINE_ONLY_FIELDS + sampling.REQUEST_FIELDS + sampling.CLIENT_FIELDS
-    assert set(groups) <= set(_SCHEMA)
+    assert set(sampling.WIRE_FIELDS + sampling.ENGINE_ONLY_FIELDS + sampling.REQUEST_FIELDS) == set(_SCHEMA)
+    assert set(sampling.CLIENT_FIELDS) <= set(sampling.WIRE_FIELDS)
