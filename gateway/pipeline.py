@@ -1,6 +1,6 @@
 """One request's path through the gateway: validate -> route to a verifier -> detokenize -> stop strings.
 
-Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call this; it knows neither.
+Both front ends (gateway/service.py for gRPC, gateway/openai/http.py for HTTP) call this; it knows neither.
 """
 from __future__ import annotations
 

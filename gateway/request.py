@@ -1,6 +1,6 @@
 """The gateway's domain types: a validated request, and what flows back from a verifier to a client.
 
-They know nothing of protobuf or HTTP; gateway/convert.py and gateway/http.py translate at the edges.
+They know nothing of protobuf or HTTP; gateway/convert.py and gateway/openai/http.py translate at the edges.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Usage:
 
     def plus_generated(self, other: Usage) -> Usage:
         """These counts with other's generated ones added (completion, drafts, accepted, steps); the prompt and
-        k stay these: a stream's parts across a resume, or the samples of one request (gateway/choices.py)."""
+        k stay these: a stream's parts across a resume, or the samples of one request (gateway/openai/choices.py)."""
         return dataclasses.replace(self, completion_tokens=self.completion_tokens + other.completion_tokens,
                                    draft_tokens=self.draft_tokens + other.draft_tokens,
                                    accepted_tokens=self.accepted_tokens + other.accepted_tokens,

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health, metrics.
 
-Bodies are read by gateway/http_body.py and typed by gateway/openai_schema.py; ranges are checked by the
+Bodies are read by gateway/openai/http_body.py and typed by gateway/openai/schema.py; ranges are checked by the
 shared validation; the pipeline does the rest. A client that disconnects cancels its request, and with it
 the verifier call. Every error is an OpenAI error object, counted in specd_request_errors_total by the
 grpc code of the same meaning.
@@ -14,13 +14,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from gateway import openai_responses as responses
 from gateway.auth import ApiKeyMiddleware
-from gateway.choices import best, collect, interleaved, sample_requests, total_usage
-from gateway.http_body import read_json_object
-from gateway.http_errors import ClientGone, install_error_handlers
-from gateway.openai_schema import ChatCompletionBody, CompletionBody, parse_body
-from gateway.openai_unsupported import without_unsupported
+from gateway.openai import responses
+from gateway.openai.choices import best, collect, interleaved, sample_requests, total_usage
+from gateway.openai.http_body import read_json_object
+from gateway.openai.http_errors import ClientGone, install_error_handlers
+from gateway.openai.schema import ChatCompletionBody, CompletionBody, parse_body
+from gateway.openai.unsupported import without_unsupported
 from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
