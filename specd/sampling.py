@@ -1,9 +1,12 @@
 """The one schema of a request's sampling parameters: the fields, their types, defaults and bounds, and the
 error a bad one raises. Torch-free, so the gateway, both converters and the engine share it; the protos are its
-wire form (common.proto's SamplingParams, gateway.proto's GenerateRequest), pinned to it by tests/test_protos.py.
+wire form (common.proto's SamplingParams, gateway.proto's GenerateRequest), pinned to it by
+tests/test_sampling_schema.py.
 
-Adding a field: declare it on SamplingParams (default = the neutral value, check in __post_init__), add it to
-both protos, and map it in the two converters (gateway/convert.py, verifier_service/convert.py).
+Adding a field: declare it on SamplingParams (default = the neutral value, check in __post_init__) and in both
+protos (CLIENT_FIELDS if a client sets it); both converters map it by name. A client-set field also needs its
+client-facing check (gateway/validation.py: the error names the field as the client sent it, "got" its value)
+and, for HTTP, its place in the OpenAI body (gateway/openai/schema.py).
 """
 from __future__ import annotations
 
@@ -96,8 +99,9 @@ class SamplingParams:
             (len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
              f"at most {MAX_LOGIT_BIAS_ENTRIES} entries"),
         ]
-        checks += [(isinstance(token, int) and token >= 0 and in_range(bias, LOGIT_BIAS_RANGE), f"logit_bias[{token}]",
-                    "must map a token id >= 0 to a bias in [-100, 100]") for token, bias in self.logit_bias.items()]
+        checks += [(isinstance(token, int) and token >= 0 and in_range(bias, LOGIT_BIAS_RANGE),
+                    f"logit_bias[{token}]", "must map a token id >= 0 to a bias in [-100, 100]")
+                   for token, bias in self.logit_bias.items()]
         for ok, name, message in checks:
             if not ok:
                 raise InvalidParameter(name, message)
