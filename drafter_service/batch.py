@@ -92,7 +92,8 @@ class DraftBatch:
     draft_length_counts: list[int] = field(default_factory=list)  # [n]: sequences that asked and got n tokens
 
     @property
-    def num_draft_tokens(self) -> int:
+    def num_proposed_tokens(self) -> int:
+        """Drafts proposed in all (each sequence's ask, num_draft_tokens, is the most it gets)."""
         return len(self.draft_token_ids)
 
     def drafts(self) -> list[list[int]]:

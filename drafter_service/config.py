@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specd.drafts import MAX_DRAFT_TOKENS
 from specd.serving import TlsConfig
 
 MEMORY_SCOPES = ("global", "per-key", "off")
@@ -26,7 +27,7 @@ class DrafterConfig:
     tls: TlsConfig | None = None
     min_ngram: int = 1  # default shortest suffix to match
     max_ngram: int = 4  # default longest suffix to match, and the longest one indexed
-    max_draft_tokens: int = 32  # cap on a request's num_draft_tokens (a bigger ask gets this many)
+    max_draft_tokens: int = MAX_DRAFT_TOKENS  # cap on a request's num_draft_tokens (a bigger ask gets this many)
     max_tokens_held: int = 4_000_000  # all sequences together; least recently used ones are evicted
     # The memory of earlier outputs (drafter_service/memory.py): what it may be shared across (global: every
     # request; per-key: requests of one tenant key; off: none), and its size; the oldest half is dropped

@@ -6,7 +6,7 @@ Both messages are columnar, like the domain batch, so conversion is a handful of
 from __future__ import annotations
 
 from drafter_service.batch import DraftBatch, ProposeBatch
-from specd.errors import InvalidParameter
+from specd.sampling import InvalidParameter
 from specd.v1 import drafter_pb2
 
 

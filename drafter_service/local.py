@@ -31,7 +31,7 @@ class LocalProposer:
         reply = self.store.propose_batch(_SESSION, ProposeBatch.from_deltas(0, deltas))
         for request_id in reply.resync_sequence_ids:  # evicted: send it whole next time
             self._sent.pop(request_id, None)
-        self.proposed_tokens[0] += reply.num_draft_tokens - reply.memory_draft_tokens
+        self.proposed_tokens[0] += reply.num_proposed_tokens - reply.memory_draft_tokens
         self.proposed_tokens[1] += reply.memory_draft_tokens
         return dict(zip((r.request_id for r in requests), reply.drafts()))
 

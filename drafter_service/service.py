@@ -35,7 +35,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 from_memory = drafts.memory_draft_tokens
                 self._on_step(StepStats(seconds=time.perf_counter() - started,
                                         num_sequences=len(drafts.draft_counts),
-                                        proposed_tokens=(drafts.num_draft_tokens - from_memory, from_memory),
+                                        proposed_tokens=(drafts.num_proposed_tokens - from_memory, from_memory),
                                         draft_lengths=drafts.draft_length_counts, sequences_held=len(store),
                                         memory_tokens=store.memory_tokens))
                 if self._inject_delay_seconds:

@@ -4,54 +4,39 @@ from __future__ import annotations
 from specd.v1 import common_pb2, gateway_pb2, verifier_pb2
 from gateway.request import GenerationRequest, ReplicaLoad, SentLogprobs, TextChunk, TokenCandidate, Usage
 from gateway.validation import RequestFields
+from specd.sampling import CLIENT_FIELDS, WIRE_FIELDS
 
-_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                    "num_speculative_tokens", "logprobs", "repetition_penalty")
 # logprobs modes: the wire's enum <-> the names validation and the engine use
 _LOGPROBS_MODES = {common_pb2.TOKEN_LOGPROBS_MODE_RAW: "raw", common_pb2.TOKEN_LOGPROBS_MODE_PROCESSED: "processed"}
 _LOGPROBS_MODE_NUMBERS = {name: number for number, name in _LOGPROBS_MODES.items()}
+_HAS_PRESENCE = {field.name: field.has_presence for field in gateway_pb2.GenerateRequest.DESCRIPTOR.fields}
 
 
 def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> RequestFields:
-    """The client's fields; unset optional fields stay None so validation fills the defaults."""
-    optional = {name: getattr(message, name) if message.HasField(name) else None
-                for name in _OPTIONAL_FIELDS}
-    return RequestFields(
-        prompt=message.prompt or None,
-        prompt_token_ids=list(message.prompt_token_ids) or None,
-        stop=list(message.stop),
-        ignore_eos=message.ignore_eos,
-        logprobs_mode=_LOGPROBS_MODES.get(message.logprobs_mode, str(message.logprobs_mode)),
-        presence_penalty=message.presence_penalty,
-        frequency_penalty=message.frequency_penalty,
-        logit_bias=dict(message.logit_bias) or None,
-        **optional,
-    )
+    """The client's fields, each by its schema name; unset optional ones stay None so validation fills the
+    defaults."""
+    sampling = {name: _client_value(message, name) for name in CLIENT_FIELDS}
+    return RequestFields(prompt=message.prompt or None, prompt_token_ids=list(message.prompt_token_ids) or None,
+                         stop=list(message.stop), **sampling)
+
+
+def _client_value(message: gateway_pb2.GenerateRequest, name: str):
+    if _HAS_PRESENCE[name] and not message.HasField(name):
+        return None
+    value = getattr(message, name)
+    if name == "logprobs_mode":
+        return _LOGPROBS_MODES.get(value, str(value))
+    return (dict(value) or None) if name == "logit_bias" else value
 
 
 def verifier_request(request_id: str, request: GenerationRequest) -> verifier_pb2.VerifierGenerateRequest:
-    """The verifier call for a validated request."""
-    sampling = common_pb2.SamplingParams(
-        max_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        min_p=request.min_p,
-        seed=request.seed,
-        ignore_eos=request.ignore_eos,
-        stop_token_ids=request.stop_token_ids,
-        num_speculative_tokens=request.num_speculative_tokens,
-        logprobs=request.logprobs,
-        logprobs_mode=_LOGPROBS_MODE_NUMBERS[request.logprobs_mode],
-        output_position_offset=request.output_position_offset,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty,
-        logit_bias=dict(request.logit_bias),
-    )
+    """The verifier call for a validated request: the schema's wire fields by name, the tenant key beside them."""
+    sampling = request.sampling
+    wire = {name: getattr(sampling, name) for name in WIRE_FIELDS}
+    wire["logprobs_mode"] = _LOGPROBS_MODE_NUMBERS[sampling.logprobs_mode]
     return verifier_pb2.VerifierGenerateRequest(
-        request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=sampling,
-        tenant_key=request.tenant_key)
+        request_id=request_id, prompt_token_ids=request.prompt_token_ids,
+        sampling=common_pb2.SamplingParams(**wire), tenant_key=sampling.tenant_key)
 
 
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:

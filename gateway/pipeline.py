@@ -1,11 +1,10 @@
 """One request's path through the gateway: validate -> route to a verifier -> detokenize -> stop strings.
 
-Both front ends (gateway/service.py for gRPC, gateway/http.py for HTTP) call this; it knows neither.
+Both front ends (gateway/service.py for gRPC, gateway/openai/http.py for HTTP) call this; it knows neither.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -68,7 +67,7 @@ class Pipeline:
         Tokenizing runs on a worker thread (the tokenizer releases the GIL), so a long prompt does not
         hold up the event loop and every other request on it."""
         request = await asyncio.to_thread(validate, fields, self.tokenizer, self.max_model_len())
-        return dataclasses.replace(request, tenant_key=tenant_key)
+        return request.with_sampling(tenant_key=tenant_key)
 
     def check_model(self, model: str | None) -> None:
         """Raises RequestError when the HTTP `model` field names a model not served here."""
@@ -83,7 +82,7 @@ class Pipeline:
         verifier call.
         """
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids))
-        logprobs = LogprobsAligner(self.token_texts) if request.logprobs is not None else None
+        logprobs = LogprobsAligner(self.token_texts) if request.sampling.logprobs is not None else None
         run = _Run(request, IncrementalDetokenizer(self.tokenizer.backend), stats, logprobs)
         request_id = uuid.uuid4().hex
         seed_reported = False

@@ -1,40 +1,29 @@
 """The gateway's domain types: a validated request, and what flows back from a verifier to a client.
 
-They know nothing of protobuf or HTTP; gateway/convert.py and gateway/http.py translate at the edges.
+They know nothing of protobuf or HTTP; gateway/convert.py and gateway/openai/http.py translate at the edges.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
+from specd.sampling import SamplingParams
+
 FINISH_REASONS = ("stop", "length", "abort")
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One validated generation request, tokenized and with every default filled in."""
+    """One validated generation request, tokenized and with every default filled in: the prompt, the stop
+    strings (the gateway's alone to match) and the sampling parameters the verifier gets (specd/sampling.py)."""
 
     prompt_token_ids: tuple[int, ...]
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    min_p: float = 0.0  # 0 = off
-    seed: int | None = None
+    sampling: SamplingParams
     stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    num_speculative_tokens: int | None = None  # None = the verifier's default; 0 = speculation off
-    tenant_key: str = ""  # who it is for (gateway/tenant.py): the drafter's per-key memory scope
-    logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
-    logprobs_mode: str = "raw"  # "raw" (the model's distribution) or "processed" (the one sampled from)
-    # Generated tokens the prompt ends with: set only when a stream is resumed on another verifier
-    # (gateway/resume.py), never by a client.
-    output_position_offset: int = 0
-    presence_penalty: float = 0.0  # 0 = off
-    frequency_penalty: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
+
+    def with_sampling(self, **changes) -> GenerationRequest:
+        """This request with `changes` to its sampling parameters (a sample's seed, a resume's offset)."""
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, **changes))
 
 
 @dataclass
@@ -54,7 +43,7 @@ class Usage:
 
     def plus_generated(self, other: Usage) -> Usage:
         """These counts with other's generated ones added (completion, drafts, accepted, steps); the prompt and
-        k stay these: a stream's parts across a resume, or the samples of one request (gateway/choices.py)."""
+        k stay these: a stream's parts across a resume, or the samples of one request (gateway/openai/choices.py)."""
         return dataclasses.replace(self, completion_tokens=self.completion_tokens + other.completion_tokens,
                                    draft_tokens=self.draft_tokens + other.draft_tokens,
                                    accepted_tokens=self.accepted_tokens + other.accepted_tokens,

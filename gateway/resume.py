@@ -50,7 +50,7 @@ class StreamProgress:
 
     def resume(self) -> GenerationRequest | None:
         """The request that continues this stream elsewhere; None when nothing is left to generate."""
-        remaining = self.request.max_tokens - len(self.emitted)
+        remaining = self.request.sampling.max_tokens - len(self.emitted)
         if remaining < 1:
             return None
         if self.last_usage is not None and self.last_usage.completion_tokens == len(self.emitted):
@@ -60,7 +60,8 @@ class StreamProgress:
         else:  # counts not sent with the last tokens: accepted ones bound the drafts scored from below
             self.carried = Usage(completion_tokens=len(self.emitted), draft_tokens=self.accepted_tokens,
                                  accepted_tokens=self.accepted_tokens, steps=self.steps)
-        return dataclasses.replace(self.request, max_tokens=remaining,
-                                   prompt_token_ids=self.request.prompt_token_ids + tuple(self.emitted),
-                                   seed=self.request.seed if self.seed is None else self.seed,
-                                   output_position_offset=len(self.emitted))
+        sampling = dataclasses.replace(self.request.sampling, max_tokens=remaining,
+                                       seed=self.request.sampling.seed if self.seed is None else self.seed,
+                                       output_position_offset=len(self.emitted))
+        return dataclasses.replace(self.request, sampling=sampling,
+                                   prompt_token_ids=self.request.prompt_token_ids + tuple(self.emitted))

@@ -14,8 +14,8 @@ import uvicorn
 
 from gateway.auth import ApiKeyInterceptor
 from gateway.config import GatewayConfig
-from gateway.http import create_app
 from gateway.metrics import GatewayMetrics
+from gateway.openai.http import create_app
 from gateway.pipeline import Pipeline
 from gateway.router import Router
 from gateway.service import GatewayServicer

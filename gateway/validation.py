@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from gateway.request import GenerationRequest
 from gateway.tokenizer import Tokenizer
 from specd.float32 import as_float32
+from specd.sampling import (LOGIT_BIAS_RANGE, LOGPROBS_MODES, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, PENALTY_RANGE,
+                            SamplingParams, in_range)
 
 
 class RequestError(ValueError):
@@ -55,9 +57,6 @@ class RequestFields:
 
 
 INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
-MAX_LOGPROBS = 20  # most likely tokens per position a request may ask for (the verifier's limit too)
-LOGPROBS_MODES = ("raw", "processed")
-MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap (the verifier's is the same)
 
 
 def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> GenerationRequest:
@@ -72,15 +71,19 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
         _check_unicode(text, "stop")
     prompt_ids = _prompt_token_ids(fields, tokenizer)
     _check_prompt_length(prompt_ids, max_model_len, _prompt_field(fields))
-    return GenerationRequest(
-        prompt_token_ids=tuple(prompt_ids),
-        max_tokens=_max_tokens(fields, len(prompt_ids), max_model_len),
+    return GenerationRequest(prompt_token_ids=tuple(prompt_ids), stop=stop,
+                             sampling=_sampling(fields, tokenizer, len(prompt_ids), max_model_len))
+
+
+def _sampling(fields: RequestFields, tokenizer: Tokenizer, prompt_len: int, max_model_len: int) -> SamplingParams:
+    """The client's sampling fields checked one by one (each error naming the field as sent), defaults filled."""
+    return SamplingParams(
+        max_tokens=_max_tokens(fields, prompt_len, max_model_len),
         temperature=_temperature(fields.temperature),
         top_p=_top_p(fields.top_p),
         top_k=_top_k(fields.top_k),
         min_p=_min_p(fields.min_p),
         seed=_seed(fields.seed),
-        stop=stop,
         ignore_eos=bool(fields.ignore_eos),
         stop_token_ids=tokenizer.eos_token_ids,
         num_speculative_tokens=_num_speculative_tokens(fields.num_speculative_tokens),
@@ -242,7 +245,7 @@ def _penalty(value: float | None, field_name: str) -> float:
     if value is None:
         return 0.0
     rounded = _float32(value, field_name)
-    _require(-2.0 <= rounded <= 2.0, field_name, f"must be in [-2, 2], got {value}")
+    _require(in_range(rounded, PENALTY_RANGE), field_name, f"must be in [-2, 2], got {value}")
     return rounded
 
 
@@ -254,11 +257,11 @@ def _repetition_penalty(value: float | None) -> float:
     return rounded
 
 
-def _logit_bias(value: dict | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+def _logit_bias(value: dict | None, vocab_size: int) -> dict[int, float]:
     """(token id, bias) pairs; an error names the entry as the client wrote it: logit_bias["50256"] over
     HTTP (JSON keys are strings), logit_bias[50256] over gRPC."""
     if not value:
-        return ()
+        return {}
     _require(len(value) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
              f"has {len(value)} entries, more than the {MAX_LOGIT_BIAS_ENTRIES} allowed")
     entries = {}
@@ -269,9 +272,9 @@ def _logit_bias(value: dict | None, vocab_size: int) -> tuple[tuple[int, float],
         _require(0 <= token < vocab_size, name, f"token id outside the vocabulary [0, {vocab_size})")
         _require(token not in entries, name, "names a token id given by another key too")
         rounded = _float32(bias, name)
-        _require(-100.0 <= rounded <= 100.0, name, f"must be in [-100, 100], got {bias}")
+        _require(in_range(rounded, LOGIT_BIAS_RANGE), name, f"must be in [-100, 100], got {bias}")
         entries[token] = rounded
-    return tuple(sorted(entries.items()))
+    return dict(sorted(entries.items()))
 
 
 def _token_id(key: str | int) -> int | None:

@@ -9,6 +9,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from specd.drafts import DEFAULT_MAX_SPECULATIVE_TOKENS, MAX_DRAFT_TOKENS
+
 # Default ports of docs/PUBLIC_SURFACE.md: (gRPC, HTTP / metrics).
 GATEWAY_PORTS = (50051, 8000)
 VERIFIER_PORTS = (50061, 9461)
@@ -20,7 +22,6 @@ IN_PROCESS_DRAFTER = "in-process"  # --drafter-addr: the drafter's rule inside t
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ASYNC_SCHEDULING = ("auto", "on", "off")
-MAX_SPECULATIVE_TOKENS = 32  # the drafter's cap on drafts per sequence and step
 DRAFT_MEMORY_SCOPES = ("global", "per-key", "off")  # drafter_service/config.py's MEMORY_SCOPES
 DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.drafting
 DRAFT_POLICIES = ("goodput", "batch-size")  # verifier_service/engine/draft_policy.py
@@ -42,7 +43,7 @@ class ServiceOptions:
     device: str = "auto"
     dtype: str = "auto"
     num_speculative_tokens: int | None = None  # None: the device's DEFAULT_NUM_SPECULATIVE_TOKENS
-    max_speculative_tokens: int | None = None  # verifier: the most a request may ask for (None: max(8, default))
+    max_speculative_tokens: int | None = None  # verifier: the most a request may ask for (None: specd/drafts.py)
     max_model_len: int = 0  # 0 = the model's own context length
     verifier_addrs: tuple[str, ...] = ()
     drafter_addr: str = DEFAULT_DRAFTER_ADDR
@@ -79,9 +80,9 @@ class ServiceOptions:
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens: must be >= 0 (0 turns speculation off)")
         if self.max_speculative_tokens is not None and not (
-                (self.num_speculative_tokens or 0) <= self.max_speculative_tokens <= MAX_SPECULATIVE_TOKENS):
+                (self.num_speculative_tokens or 0) <= self.max_speculative_tokens <= MAX_DRAFT_TOKENS):
             raise ValueError(f"max_speculative_tokens: must be in [num_speculative_tokens "
-                             f"({self.num_speculative_tokens}), {MAX_SPECULATIVE_TOKENS}]")
+                             f"({self.num_speculative_tokens}), {MAX_DRAFT_TOKENS}]")
         if self.max_model_len < 0:
             raise ValueError("max_model_len: must be >= 0 (0 = the model's own context length)")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -170,7 +171,8 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-speculative-tokens", type=int,
                        default=_optional_int(_env("max_speculative_tokens", None)),
                        help="verifier: the most draft tokens per step a request may ask for; larger asks are "
-                            "clamped (usage reports the k used). Default: max(8, --num-speculative-tokens)")
+                            "clamped (usage reports the k used). "
+                            f"Default: max({DEFAULT_MAX_SPECULATIVE_TOKENS}, --num-speculative-tokens)")
     group.add_argument("--max-model-len", type=int, default=int(_env("max_model_len", defaults.max_model_len)),
                        help="prompt + output tokens per request (0 = the model's own context length)")
     env_verifiers = _env("verifier_addr", "")

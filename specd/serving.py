@@ -40,7 +40,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specd import stop_signals
-from specd.errors import InvalidParameter
+from specd.sampling import InvalidParameter
 from specd.startup_errors import PortInUse, bound_socket
 
 logger = logging.getLogger(__name__)

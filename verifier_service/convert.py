@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from specd.sampling import WIRE_FIELDS, InvalidParameter, SamplingParams
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.engine.outputs import EngineLoad, RequestOutput, RequestUsage, TokenLogprobs
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 
 MAX_TENANT_KEY_BYTES = 128  # the gateway sends 32 hex digits; the drafter refuses longer keys
@@ -47,30 +47,28 @@ def request_from_proto(request: verifier_pb2.VerifierGenerateRequest,
 
 def sampling_from_proto(sampling: common_pb2.SamplingParams, prompt_len: int,
                         limits: ModelLimits) -> SamplingParams:
-    """Proto fields mapped to the engine's: unset max_tokens = up to the context length, unset top_p and
-    repetition_penalty = 1 (off). A value that is set is checked as sent: 0 is never read as "unset"."""
+    """Proto fields mapped to the schema's, each by its name: an `optional` field left unset takes the schema's
+    default (max_tokens: up to the context length), a value that is set is checked as sent (0 is never read as
+    "unset"); the other fields' zero values are the schema's neutral defaults."""
+    values = {name: _from_wire(sampling, name) for name in WIRE_FIELDS
+              if not _HAS_PRESENCE[name] or sampling.HasField(name)}
     room = limits.max_model_len - prompt_len
-    params = SamplingParams(
-        max_tokens=min(sampling.max_tokens, room) if sampling.HasField("max_tokens") else room,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
-        top_k=sampling.top_k,
-        min_p=sampling.min_p,
-        seed=sampling.seed if sampling.HasField("seed") else None,
-        ignore_eos=sampling.ignore_eos,
-        stop_token_ids=tuple(sampling.stop_token_ids),
-        num_speculative_tokens=(sampling.num_speculative_tokens
-                                if sampling.HasField("num_speculative_tokens") else None),
-        logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
-        logprobs_mode=_LOGPROBS_MODES.get(sampling.logprobs_mode, str(sampling.logprobs_mode)),
-        output_position_offset=sampling.output_position_offset,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        repetition_penalty=sampling.repetition_penalty if sampling.HasField("repetition_penalty") else 1.0,
-        logit_bias=dict(sampling.logit_bias),
-    )
+    values["max_tokens"] = min(values["max_tokens"], room) if "max_tokens" in values else room
+    params = SamplingParams(**values)
     params.check_vocabulary(limits.vocab_size)
     return params
+
+
+_HAS_PRESENCE = {field.name: field.has_presence for field in common_pb2.SamplingParams.DESCRIPTOR.fields}
+
+
+def _from_wire(sampling: common_pb2.SamplingParams, name: str):
+    value = getattr(sampling, name)
+    if name == "logprobs_mode":
+        return _LOGPROBS_MODES.get(value, str(value))
+    if name == "logit_bias":
+        return dict(value)
+    return tuple(value) if name == "stop_token_ids" else value
 
 
 def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.VerifierGenerateResponse:

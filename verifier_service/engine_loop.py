@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.outputs import EngineLoad, RequestOutput
-from verifier_service.engine.sampling_params import SamplingParams
 from verifier_service.output_router import DuplicateRequestId, OutputRouter, RequestFailed
 
 __all__ = ["DuplicateRequestId", "EngineLoop", "RequestFailed"]

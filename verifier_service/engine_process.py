@@ -29,10 +29,10 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from specd.sampling import SamplingParams
 from specd.startup_errors import StartupError
 from verifier_service.convert import ModelLimits
 from verifier_service.engine.outputs import EngineLoad
-from verifier_service.engine.sampling_params import SamplingParams
 from verifier_service.metrics import VerifierMetricsExporter
 from verifier_service.output_router import EngineUnavailable, OutputRouter, RequestFailed
 

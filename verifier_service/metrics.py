@@ -23,8 +23,8 @@ _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 class VerifierMetrics:
     """Every verifier metric family, registered on `registry`."""
 
-    def __init__(self, registry: CollectorRegistry, num_draft_positions: int = 0) -> None:
-        """`num_draft_positions`: the most drafts a step may score (--max-speculative-tokens); their
+    def __init__(self, registry: CollectorRegistry, max_speculative_tokens: int = 0) -> None:
+        """`max_speculative_tokens`: the most drafts a step may score (--max-speculative-tokens); their
         per-position series, like every stage's, exist from start-up at 0."""
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(f"specd_{name}", doc, labels, registry=registry)
@@ -62,7 +62,7 @@ class VerifierMetrics:
             self.step_stage_seconds.labels(stage=stage)
         for path in ("graph", "eager"):
             self.forward_passes.labels(path=path)
-        for position in range(num_draft_positions):
+        for position in range(max_speculative_tokens):
             self.num_accepted_tokens_per_pos.labels(position=str(position))
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from specd.sampling import InvalidParameter
 from specd.v1 import verifier_pb2
 from verifier_service.convert import ModelLimits, request_from_proto, serve_response
 from verifier_service.engine.outputs import RequestOutput
-from verifier_service.engine.sampling_params import InvalidParameter
 from verifier_service.engine_loop import EngineLoop
 from verifier_service.output_router import DuplicateRequestId, EngineUnavailable, RequestFailed
 

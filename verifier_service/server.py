@@ -46,7 +46,7 @@ async def serve_async(config: VerifierConfig) -> None:
 async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     registry = CollectorRegistry()
     # Registered before the ports open, so /metrics has every family while the model loads.
-    metrics = VerifierMetrics(registry, num_draft_positions=config.engine.speculative_tokens_limit)
+    metrics = VerifierMetrics(registry, max_speculative_tokens=config.engine.speculative_tokens_limit)
     servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests)
     server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
                         register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from drafter_service.config import DrafterConfig
+from specd.sampling import SamplingParams
 from support.drafter_servers import ThreadedDrafter
 from support.engine_runs import run
 from support.fake_runner import FakePagedRunner, greedy_reference
 from drafter_service.client import DrafterClient
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,12 +8,12 @@ import pytest
 
 from drafter_service.local import LocalProposer
 from specd.default_model import resolve_model_path
+from specd.sampling import SamplingParams
 from support import reference
 from support.engine_runs import run
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine, build_model_runner
 from verifier_service.engine.proposer import DraftRequest
-from verifier_service.engine.sampling_params import SamplingParams
 
 MAX_TOKENS = 48
 TEXTS = [

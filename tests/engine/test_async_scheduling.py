@@ -5,16 +5,16 @@ import time
 
 import pytest
 
-from support.fake_runner import FakePagedRunner
-from support.proposers import AdversarialProposer, FlakyProposer, OracleProposer
+from specd.sampling import SamplingParams
 from support.engine_runs import run
+from support.fake_runner import FakePagedRunner
 from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references
+from support.proposers import AdversarialProposer, FlakyProposer, OracleProposer
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.outputs import FinishReason
 from verifier_service.engine.request import PENDING_TOKEN, Request
-from verifier_service.engine.sampling_params import SamplingParams
 from verifier_service.engine.scheduler import Scheduler
 
 

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from specd.sampling import InvalidParameter, SamplingParams
 from support.engine_runs import run
 from support.fake_runner import FakePagedRunner, greedy_reference
 from support.proposers import AdversarialProposer, OracleProposer
@@ -12,7 +13,6 @@ from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.draft_policy import DraftPolicy, DraftPolicyConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 K = 4
 GOODPUT = DraftPolicyConfig(goodput=True)

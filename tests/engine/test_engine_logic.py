@@ -1,14 +1,14 @@
 """Scheduler and step-loop behaviour with a fake paged runner (fast; the real model is in test_engine_greedy)."""
 import pytest
 
-from support.fake_runner import FakePagedRunner
+from specd.sampling import InvalidParameter, SamplingParams
 from support.engine_runs import run
+from support.fake_runner import FakePagedRunner
 from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB, add_all, expected, greedy_references
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.outputs import FinishReason
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 def make_engine(proposer=None, **config) -> Engine:
     runner = FakePagedRunner(num_blocks=config.pop("num_blocks", 64), vocab_size=VOCAB)

@@ -8,13 +8,13 @@ import random
 import pytest
 import torch
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.draft_lookahead import continuations_after_known, drafts_after
 from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict, row_argmax
 from verifier_service.engine.rejection_sampler import PendingVerification, verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
-from verifier_service.engine.sampling_params import SamplingParams
 
 VOCAB = 7
 

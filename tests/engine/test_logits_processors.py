@@ -5,11 +5,11 @@ from collections import Counter
 
 import torch
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.logits_processors import apply_logits_processors
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
-from verifier_service.engine.sampling_params import SamplingParams
 
 VOCAB = 12
 PARAMS = SamplingParams(presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.7,

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from specd.sampling import InvalidParameter, SamplingParams
 from support.fake_runner import FakePagedRunner, context_logits, greedy_reference
 from support.proposers import AdversarialProposer, OracleProposer
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
@@ -17,7 +18,6 @@ from verifier_service.engine.outputs import FinishReason
 from verifier_service.engine.rejection_sampler import verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 # Target logits of the three positions a request with two drafts scores: draft 0, draft 1, bonus.
 ROWS = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -1.0],

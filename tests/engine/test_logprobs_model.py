@@ -8,12 +8,12 @@ import torch
 from transformers import AutoTokenizer
 
 from specd.default_model import resolve_model_path
+from specd.sampling import SamplingParams
 from support import reference
 from support.engine_runs import run
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 MAX_TOKENS = 24
 TOLERANCE = 1e-4

@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import pytest
 
+from specd.sampling import InvalidParameter, SamplingParams
 from support.engine_runs import run
 from support.fake_runner import FakePagedRunner
 from support.fake_workload import MAX_TOKENS, PROMPTS, VOCAB
 from support.proposers import AdversarialProposer, FlakyProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 PLAIN = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 PENALIZED = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, presence_penalty=0.4, frequency_penalty=0.7,

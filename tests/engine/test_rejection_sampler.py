@@ -8,11 +8,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.rejection_sampler import verify
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
-from verifier_service.engine.sampling_params import SamplingParams
 
 # Target logits of the three positions a request with two drafts scores: draft 0, draft 1, bonus.
 ROWS = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -1.0],

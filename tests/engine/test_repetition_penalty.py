@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 
 from specd.default_model import resolve_model_path
+from specd.sampling import SamplingParams
 from support import reference
 from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 MAX_TOKENS = 32
 PENALTY = 1.3

@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
+from specd.sampling import SamplingParams
 from support.engine_runs import run
 from support.fake_runner import FakePagedRunner
 from support.fake_workload import PROMPTS, VOCAB
 from support.proposers import AdversarialProposer, BruteForceNgramProposer, FlakyProposer, OracleProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 MAX_TOKENS = 24
 SAMPLED = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.95, ignore_eos=True)

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
+from specd.sampling import SamplingParams
 from support import reference
 from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine, build_model_runner
-from verifier_service.engine.sampling_params import SamplingParams
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",

@@ -1,4 +1,4 @@
-"""n and best_of on both HTTP endpoints (gateway/choices.py), in front of the scripted verifier: every sample
+"""n and best_of on both HTTP endpoints (gateway/openai/choices.py), in front of the scripted verifier: every sample
 is its REPLY; its logprobs are lower by (seed % 4) / 4 per token, which is what best_of ranks by here."""
 import asyncio
 import json

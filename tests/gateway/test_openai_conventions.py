@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gateway.openai_unsupported import NEUTRAL_VALUES
+from gateway.openai.unsupported import NEUTRAL_VALUES
 from support.gateway_stack import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

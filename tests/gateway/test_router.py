@@ -7,13 +7,14 @@ import pytest
 
 from gateway.request import GenerationRequest
 from gateway.router import ReplicaPin, Router, UpstreamError
+from specd.sampling import SamplingParams
 from support.scripted_verifier import ScriptedVerifier
 
 # Fixtures live on the session loop (pyproject), so the tests must too: grpc.aio binds to one loop.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 TOKENS = [10, 11, 12, 13, 14, 15]
-REQUEST = GenerationRequest(prompt_token_ids=(1, 2, 3), max_tokens=16)
+REQUEST = GenerationRequest(prompt_token_ids=(1, 2, 3), sampling=SamplingParams(max_tokens=16, temperature=1.0))
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ async def test_a_failure_after_the_first_token_resumes_on_another_replica(router
         rest = [chunk async for chunk in chunks]
     resumed = replicas[1].requests[0]
     assert list(resumed.prompt_token_ids) == [*REQUEST.prompt_token_ids, *first.token_ids]
-    assert resumed.sampling.max_tokens == REQUEST.max_tokens - len(first.token_ids)
+    assert resumed.sampling.max_tokens == REQUEST.sampling.max_tokens - len(first.token_ids)
     usage = rest[-1].usage  # one request's counts across both replicas
     assert usage.prompt_tokens == len(REQUEST.prompt_token_ids)
     assert usage.completion_tokens == len(first.token_ids) + len(TOKENS)

@@ -59,19 +59,21 @@ def test_defaults_fill_the_context_and_sample_at_temperature_one(tokenizer):
     request = check(tokenizer, prompt="Hello")
     prompt_len = len(tokenizer.encode("Hello"))
     assert request.prompt_token_ids == tuple(tokenizer.encode("Hello"))
-    assert request.max_tokens == MAX_MODEL_LEN - prompt_len
-    assert (request.temperature, request.top_p, request.top_k, request.min_p) == (1.0, 1.0, 0, 0.0)
-    assert request.num_speculative_tokens is None and request.seed is None
+    assert request.sampling.max_tokens == MAX_MODEL_LEN - prompt_len
+    sampling = request.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (1.0, 1.0, 0, 0.0)
+    assert request.sampling.num_speculative_tokens is None and request.sampling.seed is None
 
 
 def test_end_of_sequence_ids_become_stop_token_ids(tokenizer):
-    assert check(tokenizer, prompt="Hi").stop_token_ids == (2,)  # <|im_end|>
+    assert check(tokenizer, prompt="Hi").sampling.stop_token_ids == (2,)  # <|im_end|>
 
 
 def test_top_k_minus_one_means_off_and_speculation_can_be_turned_off(tokenizer):
     request = check(tokenizer, prompt_token_ids=[1, 2, 3], top_k=-1, num_speculative_tokens=0,
                     max_tokens=MAX_MODEL_LEN - 3)
-    assert (request.top_k, request.num_speculative_tokens, request.max_tokens) == (0, 0, MAX_MODEL_LEN - 3)
+    sampling = request.sampling
+    assert (sampling.top_k, sampling.num_speculative_tokens, sampling.max_tokens) == (0, 0, MAX_MODEL_LEN - 3)
 
 
 def test_chat_messages_are_rendered_with_the_models_template(tokenizer):
@@ -122,12 +124,12 @@ def test_sampling_floats_are_checked_as_the_float32_the_verifier_uses(tokenizer,
 
 
 def test_the_smallest_float32_top_p_is_kept(tokenizer):
-    assert check(tokenizer, prompt="hi", top_p=1e-45).top_p > 0
+    assert check(tokenizer, prompt="hi", top_p=1e-45).sampling.top_p > 0
 
 
 def test_a_default_max_tokens_is_clamped_to_the_room_left(tokenizer):
-    assert check(tokenizer, prompt="hi", default_max_tokens=16).max_tokens == 16
-    assert check(tokenizer, prompt_token_ids=[5] * (MAX_MODEL_LEN - 3), default_max_tokens=16).max_tokens == 3
+    assert check(tokenizer, prompt="hi", default_max_tokens=16).sampling.max_tokens == 16
+    assert check(tokenizer, prompt_token_ids=[5] * (MAX_MODEL_LEN - 3), default_max_tokens=16).sampling.max_tokens == 3
 
 
 def test_errors_name_the_field_the_client_sent(tokenizer):
@@ -150,9 +152,9 @@ def test_an_unknown_model_error_names_the_served_model_not_its_path(tokenizer):
 
 def test_penalties_default_to_off_and_logit_bias_keys_become_token_ids(tokenizer):
     request = check(tokenizer, prompt="hi")
-    assert (request.presence_penalty, request.frequency_penalty, request.repetition_penalty) == (0.0, 0.0, 1.0)
-    assert request.logit_bias == ()
+    assert (request.sampling.presence_penalty, request.sampling.frequency_penalty, request.sampling.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert request.sampling.logit_bias == {}
     request = check(tokenizer, prompt="hi", presence_penalty=-2, frequency_penalty=0.1, repetition_penalty=1.3,
                     logit_bias={"50": 100, "7": -100, "1": 0.1})
-    assert (request.presence_penalty, request.repetition_penalty) == (-2.0, pytest.approx(1.3))
-    assert request.logit_bias == ((1, pytest.approx(0.1)), (7, -100.0), (50, 100.0))
+    assert (request.sampling.presence_penalty, request.sampling.repetition_penalty) == (-2.0, pytest.approx(1.3))
+    assert request.sampling.logit_bias == {1: pytest.approx(0.1), 7: -100.0, 50: 100.0}

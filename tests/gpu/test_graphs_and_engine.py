@@ -92,7 +92,7 @@ def test_a_graph_step_continuing_from_a_step_in_flight_equals_eager_on_the_real_
     from verifier_service.engine.rejection_sampler import verify
     from verifier_service.engine.request import Request
     from verifier_service.engine.sampling_metadata import SamplingMetadata
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     eager, graphed = make_runner(checkpoint, graphs=False), make_runner(checkpoint, graphs=True, widths=(1, 5, 9))
     for runner in (eager, graphed):
@@ -172,7 +172,7 @@ def test_every_k_up_to_the_maximum_and_mixed_k_batches_replay_graphs(checkpoint)
     captured graph (none runs eagerly), widths beyond the default k + 1 included, and greedy output equals
     plain decoding's."""
     from support.proposers import OracleProposer
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     asks = [0, 1, 2, 3, 4, 6, 8, 20]
     prompts = {f"k{k}": [PROMPTS[0], PROMPTS[1], PROMPTS[2][:50]][i % 3] for i, k in enumerate(asks)}
@@ -204,7 +204,7 @@ def test_every_k_up_to_the_maximum_and_mixed_k_batches_replay_graphs(checkpoint)
                          ids=["greedy", "sampled-top-k-top-p", "sampled-plain-no-drafts"])
 def test_a_decode_step_syncs_with_the_host_at_most_once(checkpoint, temperature, filters, drafting):
     from support.proposers import BruteForceNgramProposer
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     engine = engine_for(checkpoint, BruteForceNgramProposer() if drafting else None)
     for i, prompt in enumerate([PROMPTS[1], PROMPTS[0]]):
@@ -219,7 +219,7 @@ def test_a_decode_step_syncs_with_the_host_at_most_once(checkpoint, temperature,
 def test_async_scheduling_gives_the_synchronous_output_token_for_token(checkpoint):
     """Same forwards in the same order, the next step's first tokens taken from the device: identical output
     (greedy and seeded sampling), with requests ending at different steps by length and by a stop token."""
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     def outputs(async_scheduling: bool) -> dict[str, list[int]]:
         engine = engine_for(checkpoint, None, async_scheduling=async_scheduling)
@@ -249,7 +249,7 @@ def test_penalties_and_bias_overlapped_give_the_synchronous_output_with_one_sync
     """Requests with penalties or a logit bias take the eager verdict (not the graph's greedy one) on logits
     from graph replays; under async scheduling the token in flight is counted on the device: the output is the
     synchronous one token for token, and a step still syncs with the host at most once."""
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     requests = {  # request id -> (prompt, params); "plain" shares "penalized"'s prompt
         "penalized": (PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True, repetition_penalty=1.3,

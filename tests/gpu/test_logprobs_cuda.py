@@ -36,7 +36,7 @@ def log_softmax_after(runner, context: list[int]) -> torch.Tensor:  # [vocab] fl
 def test_logprobs_with_drafts_and_graphs_equal_decoding_without_and_the_models_log_softmax(checkpoint,
                                                                                              async_scheduling):
     from support.proposers import OracleProposer
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     prompts = {f"r{i}": p for i, p in enumerate([PROMPTS[0], PROMPTS[1], PROMPTS[2][:50]])}
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)

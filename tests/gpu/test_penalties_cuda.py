@@ -17,7 +17,7 @@ NEAR_TIE = 0.1  # adjusted-logit gap that differently shaped bf16 batches may ti
 
 
 def requests():
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     return {  # request id -> (prompt, params)
         "penalized": (PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, repetition_penalty=1.3,
@@ -70,7 +70,7 @@ def generate(engine, cases) -> dict[str, list[int]]:
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "chained"])
 def test_penalties_and_bias_with_drafts_equal_decoding_without(checkpoint, async_scheduling):
     from support.proposers import OracleProposer
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     cases = requests()
     plain = generate(engine_for(checkpoint, None, async_scheduling=False), cases)

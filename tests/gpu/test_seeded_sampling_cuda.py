@@ -60,7 +60,7 @@ def race_gap(engine, params, seed: int, context: list[int], position: int) -> fl
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "chained"])
 def test_seeded_sampling_with_drafts_and_graphs_equals_decoding_without(checkpoint, async_scheduling):
     from support.proposers import OracleProposer
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     prompts = {f"s{i}": p for i, p in enumerate([PROMPTS[0], PROMPTS[1], PROMPTS[2][:50], PROMPTS[0]])}
     params = {rid: SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, top_p=0.95, seed=10 + i, ignore_eos=True)

@@ -113,7 +113,7 @@ def build_eager_logits(sharded) -> torch.Tensor:
 def test_a_decode_step_syncs_rank_0_with_its_device_at_most_once(checkpoint, temperature):
     needs_gpus(2)
     from support.proposers import BruteForceNgramProposer
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     engine = Engine(config_for(checkpoint, 2), BruteForceNgramProposer())
     try:

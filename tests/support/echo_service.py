@@ -9,7 +9,7 @@ import asyncio
 
 import grpc
 
-from verifier_service.engine.sampling_params import InvalidParameter
+from specd.sampling import InvalidParameter
 
 SERVICE = "specd.test.Echo"
 ECHO = f"/{SERVICE}/Echo"

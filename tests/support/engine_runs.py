@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 
 def run(engine: Engine) -> dict[str, list[int]]:

@@ -1,9 +1,9 @@
 """The engine-logic tests' workload for the fake paged runner: six prompts and their greedy references."""
 from __future__ import annotations
 
+from specd.sampling import SamplingParams
 from support.fake_runner import greedy_reference
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 VOCAB = 32
 PROMPTS = {f"r{i}": [(7 * i + j * j) % VOCAB for j in range(3 + 5 * i)] for i in range(6)}

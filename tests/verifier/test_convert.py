@@ -2,10 +2,10 @@
 (0 never stands for "unset" or "off"), in the float32 precision it is sampled with."""
 import pytest
 
+from specd.sampling import InvalidParameter, SamplingParams
 from specd.v1 import common_pb2, verifier_pb2
 from verifier_service.convert import ModelLimits, output_to_proto, request_from_proto, sampling_from_proto
 from verifier_service.engine.outputs import RequestOutput, RequestUsage, TokenLogprobs
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 
 LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
 
@@ -13,6 +13,13 @@ LIMITS = ModelLimits(name="m", max_model_len=64, vocab_size=100)
 def test_unset_top_p_and_max_tokens_take_their_defaults():
     params = sampling_from_proto(common_pb2.SamplingParams(temperature=1.0), prompt_len=4, limits=LIMITS)
     assert (params.top_p, params.max_tokens) == (1.0, 60)
+
+
+def test_a_negative_k_is_refused_naming_num_speculative_tokens():
+    sampling = common_pb2.SamplingParams(temperature=1.0, num_speculative_tokens=-1)  # int32, as the gateway's
+    with pytest.raises(InvalidParameter) as error:
+        sampling_from_proto(sampling, prompt_len=4, limits=LIMITS)
+    assert error.value.field == "num_speculative_tokens"
 
 
 @pytest.mark.parametrize("field, value", [("top_p", 0.0), ("top_p", 1e-46), ("max_tokens", 0)])

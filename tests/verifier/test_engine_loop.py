@@ -3,10 +3,10 @@ returns wherever it lands, mid-generation included (issue 17, items 1 and 2)."""
 import asyncio
 import threading
 
+from specd.sampling import SamplingParams
 from support.fake_runner import FakePagedRunner
-from verifier_service.engine.engine import Engine
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.sampling_params import SamplingParams
+from verifier_service.engine.engine import Engine
 from verifier_service.engine_loop import EngineLoop
 
 LONG = SamplingParams(max_tokens=1000, ignore_eos=True)

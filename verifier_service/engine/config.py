@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verifier_service.engine.sampling_params import InvalidParameter
+from specd.drafts import MAX_DRAFT_TOKENS, resolve_max_speculative_tokens
+from specd.sampling import InvalidParameter
 
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEFAULT_MAX_SPECULATIVE_TOKENS = 8
-MAX_SPECULATIVE_TOKENS = 32  # the drafter's own cap on drafts per sequence and step
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,8 @@ class EngineConfig:
             (self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)"),
             (self.num_speculative_tokens >= 0, "num_speculative_tokens", "must be >= 0"),
             (self.max_speculative_tokens is None or self.num_speculative_tokens <= self.max_speculative_tokens
-             <= MAX_SPECULATIVE_TOKENS, "max_speculative_tokens",
-             f"must be in [num_speculative_tokens, {MAX_SPECULATIVE_TOKENS}]"),
+             <= MAX_DRAFT_TOKENS, "max_speculative_tokens",
+             f"must be in [num_speculative_tokens, {MAX_DRAFT_TOKENS}]"),
             (self.max_draft_batch_size >= 0, "max_draft_batch_size", "must be >= 0 (0 = no limit)"),
             (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1"),
@@ -85,7 +84,5 @@ class EngineConfig:
 
     @property
     def speculative_tokens_limit(self) -> int:
-        """max_speculative_tokens, resolved (see the class docstring)."""
-        if self.max_speculative_tokens is not None:
-            return self.max_speculative_tokens
-        return max(DEFAULT_MAX_SPECULATIVE_TOKENS, self.num_speculative_tokens)
+        """max_speculative_tokens, resolved (specd/drafts.py)."""
+        return resolve_max_speculative_tokens(self.num_speculative_tokens, self.max_speculative_tokens)

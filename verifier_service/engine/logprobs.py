@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.outputs import TokenLogprobs
 from verifier_service.engine.sampling import target_scores
-from verifier_service.engine.sampling_params import SamplingParams
 from verifier_service.host_copy import to_device
 
 

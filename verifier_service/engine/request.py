@@ -5,8 +5,8 @@ import secrets
 from collections.abc import Sequence
 from enum import Enum
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.outputs import FinishReason, RequestUsage
-from verifier_service.engine.sampling_params import SamplingParams
 
 
 PENDING_TOKEN = 0  # stands for a token sampled on the device but not yet seen by the host (a valid id)

@@ -2,8 +2,8 @@
 they time anything, so both pay for lazy set-up in the same place (then start_up_objects.freeze())."""
 from __future__ import annotations
 
+from specd.sampling import SamplingParams
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
 
 
 def warm_up(engine: Engine) -> None:

@@ -34,10 +34,11 @@ _SEEDS = 2**63  # seeds are in [0, 2**63): seed + i wraps around
 def sample_requests(request: GenerationRequest, count: int) -> list[GenerationRequest]:
     """The request of each sample: seed + i, the seed drawn here for sampled requests without one (one
     sample alone is left to the verifier, which draws and reports it); greedy ones need no seed."""
-    if count == 1 or request.seed is None and request.temperature == 0:
+    sampling = request.sampling
+    if count == 1 or sampling.seed is None and sampling.greedy:
         return [request] * count
-    seed = secrets.randbits(63) if request.seed is None else request.seed
-    return [dataclasses.replace(request, seed=(seed + i) % _SEEDS) for i in range(count)]
+    seed = secrets.randbits(63) if sampling.seed is None else sampling.seed
+    return [request.with_sampling(seed=(seed + i) % _SEEDS) for i in range(count)]
 
 
 async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],

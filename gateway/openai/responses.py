@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from gateway.choices import Choice
-from gateway.openai_logprobs import chat_logprobs, completion_logprobs
+from gateway.openai.choices import Choice
+from gateway.openai.logprobs import chat_logprobs, completion_logprobs
 from gateway.request import SentLogprobs, Usage
 
 # How a grpc status reads over HTTP.

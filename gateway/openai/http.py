@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health, metrics.
 
-Bodies are read by gateway/http_body.py and typed by gateway/openai_schema.py; ranges are checked by the
+Bodies are read by gateway/openai/http_body.py and typed by gateway/openai/schema.py; ranges are checked by the
 shared validation; the pipeline does the rest. A client that disconnects cancels its request, and with it
 the verifier call. Every error is an OpenAI error object, counted in specd_request_errors_total by the
 grpc code of the same meaning.
@@ -8,20 +8,19 @@ grpc code of the same meaning.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from gateway import openai_responses as responses
 from gateway.auth import ApiKeyMiddleware
-from gateway.choices import best, collect, interleaved, sample_requests, total_usage
-from gateway.http_body import read_json_object
-from gateway.http_errors import ClientGone, install_error_handlers
-from gateway.openai_schema import ChatCompletionBody, CompletionBody, parse_body
-from gateway.openai_unsupported import without_unsupported
+from gateway.openai import responses
+from gateway.openai.choices import best, collect, interleaved, sample_requests, total_usage
+from gateway.openai.http_body import read_json_object
+from gateway.openai.http_errors import ClientGone, install_error_handlers
+from gateway.openai.schema import ChatCompletionBody, CompletionBody, parse_body
+from gateway.openai.unsupported import without_unsupported
 from gateway.pipeline import Pipeline
 from gateway.request import TextChunk
 from gateway.router import UpstreamError
@@ -88,7 +87,7 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     writer = responses.ResponseWriter(pipeline.model_name, chat)
     ranked = best_of > n  # samples are ranked by their logprobs, asked for if the client did not
-    sampled = dataclasses.replace(generation, logprobs=generation.logprobs or 0) if ranked else generation
+    sampled = generation.with_sampling(logprobs=generation.sampling.logprobs or 0) if ranked else generation
     chunks = interleaved(pipeline, sample_requests(sampled, best_of), deadline)
     if body.stream:
         # The first chunk is awaited here so that a failure before any token is a proper HTTP status.
@@ -99,7 +98,7 @@ async def _generate(request: Request, pipeline: Pipeline, schema, chat: bool, ti
     usage = total_usage([choice.usage for choice in choices])
     seed = choices[0].seed  # sample 0's: with the same n and best_of it reproduces every sample
     if ranked:
-        choices = best(choices, n, keep_logprobs=generation.logprobs is not None)
+        choices = best(choices, n, keep_logprobs=generation.sampling.logprobs is not None)
     return JSONResponse(writer.full(choices, usage, seed))
 
 

@@ -6,9 +6,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from gateway import openai_responses as responses
-from gateway.http_body import BodyTooLarge
 from gateway.metrics import GatewayMetrics
+from gateway.openai import responses
+from gateway.openai.http_body import BodyTooLarge
 from gateway.router import UpstreamError
 from gateway.validation import RequestError
 

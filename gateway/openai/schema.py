@@ -1,7 +1,7 @@
 """The OpenAI request bodies the HTTP API accepts (types only; ranges are checked in validation.py).
 
 Types are strict, as OpenAI's are: "4" is no integer and "yes" no boolean. A field the body does not
-know is refused naming it (gateway/openai_unsupported.py says which OpenAI parameters are not built).
+know is refused naming it (gateway/openai/unsupported.py says which OpenAI parameters are not built).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gateway.choices import MAX_CHOICES
+from gateway.openai.choices import MAX_CHOICES
 from gateway.validation import RequestError, RequestFields
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
@@ -33,7 +33,7 @@ class _SamplingBody(_Strict):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None  # choices to return (gateway/choices.py)
+    n: int | None = None  # choices to return (gateway/openai/choices.py)
     best_of: int | None = None  # samples to choose them from, by cumulative logprob
     stream: bool | None = None
     stream_options: StreamOptions | None = None
