@@ -73,7 +73,7 @@ def _record(turns: list[Turn], max_tokens: int, model_path: Path) -> list[Record
 
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = Engine(EngineConfig(model=str(model_path), device="cpu", dtype="float32", num_speculative_tokens=8),

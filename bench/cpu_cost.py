@@ -70,7 +70,7 @@ def engine_alone(model: str, device: str, texts: list[str], max_tokens: int, ks:
     from specd.default_model import resolve_model_path
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine, build_model_runner
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     device = "cpu" if device == "auto" else device  # the stack's auto on a machine without CUDA
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))

@@ -29,7 +29,7 @@ from drafter_service.local import LocalProposer
 from specd.default_model import resolve_model_path
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine, build_model_runner
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 
 
 STEPS: dict[int, int] = {}  # per engine (id): steps that emitted tokens, for tokens per step

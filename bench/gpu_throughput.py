@@ -21,7 +21,7 @@ import torch
 
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
-from verifier_service.engine.sampling_params import SamplingParams
+from specd.sampling import SamplingParams
 from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects
 from verifier_service.engine.warm_up import warm_up
 

@@ -77,7 +77,7 @@ def prefill(model_dir: str) -> None:
     repeats), the host's top operations of one, and the engine's add -> first output as the verifier runs it."""
     from verifier_service.engine.config import EngineConfig
     from verifier_service.engine.engine import Engine, build_model_runner
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
     from verifier_service.engine.warm_up import warm_up
 
     cuda = torch.cuda.is_available()  # (the CPU only checks that this runs)

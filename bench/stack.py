@@ -213,7 +213,7 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
 
 
 def _closed_loop(engine, prompts: list[list[int]], clients: int, k: int, max_tokens: int, eos) -> Row:
-    from verifier_service.engine.sampling_params import SamplingParams
+    from specd.sampling import SamplingParams
 
     row, pending = Row("engine", clients, k), list(enumerate(prompts))[::-1]
     live: dict[str, list[float]] = {}  # request id -> [sent, last output time]

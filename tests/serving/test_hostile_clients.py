@@ -191,7 +191,7 @@ def unknown_model(t: Target) -> Outcome:
     return Outcome(str(response.status_code), response.status_code == 400 and "/" not in message, message[:70])
 
 
-# OpenAI parameters specd does not build (gateway/openai_unsupported.py; logprobs and best_of are built since)
+# OpenAI parameters specd does not build (gateway/openai/unsupported.py; logprobs and best_of are built since)
 UNSUPPORTED = [("echo", True), ("suffix", "x"), ("response_format", {"type": "json_object"}),
                ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto")]
 

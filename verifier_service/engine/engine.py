@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specd.sampling import InvalidParameter, SamplingParams
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.block_manager import BlockManager
 from verifier_service.engine.config import EngineConfig
@@ -37,7 +38,6 @@ from verifier_service.engine.proposer import DraftRequest, PendingProposal, Prop
 from verifier_service.engine.rejection_sampler import PendingVerification, VerifiedTokens, verify_async
 from verifier_service.engine.request import Request
 from verifier_service.engine.sampling_metadata import SamplingMetadata
-from verifier_service.engine.sampling_params import InvalidParameter, SamplingParams
 from verifier_service.engine.scheduler import Scheduler
 from verifier_service.engine.stats import StepStats, StepStatsLog, count_spec_decoding, timed_stage
 
