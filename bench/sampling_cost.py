@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-# As the services run (specd/cli.py): idle OpenMP threads sleep. Spinning ones would count as CPU time here,
+# As the services run (specd_cli/main.py): idle OpenMP threads sleep. Spinning ones would count as CPU time here,
 # as much as the machine's other load makes them wait.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

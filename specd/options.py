@@ -1,7 +1,7 @@
 """The command-line options every service shares, each also read from the environment as SPECD_<NAME>.
 
 A command-line value wins over the environment, which wins over the default. `ServiceOptions` is the
-parsed, validated result; each service builds its own frozen config from it (see specd/cli.py).
+parsed, validated result; each service builds its own frozen config from it (see specd_cli/service_configs.py).
 """
 from __future__ import annotations
 
@@ -152,6 +152,11 @@ class ServiceOptions:
 def _env(name: str, default):
     """The SPECD_<NAME> environment value of an option, else its default."""
     return os.environ.get("SPECD_" + name.upper().replace("-", "_"), default)
+
+
+def drain(options: ServiceOptions) -> dict:
+    """The config field of --drain-seconds where it was given (else the service keeps its default)."""
+    return {} if options.drain_seconds is None else {"grace_seconds": options.drain_seconds}
 
 
 def add_service_options(parser: argparse.ArgumentParser) -> None:

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specd.options import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VERIFIER_PORTS, ServiceOptions
+from specd.options import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VERIFIER_PORTS, ServiceOptions, drain
 from specd.serving import ServerConfig, TlsConfig
-from specd.service_configs import drain
 from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 

@@ -6,17 +6,12 @@ defaults of docs/PUBLIC_SURFACE.md.
 from __future__ import annotations
 
 from specd.default_model import resolve_model_path
-from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, ServiceOptions
+from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, ServiceOptions, drain
 from specd.serving import ServerConfig, TlsConfig
 
 
 def _tls(options: ServiceOptions) -> TlsConfig | None:
     return TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None
-
-
-def drain(options: ServiceOptions) -> dict:
-    """The config field of --drain-seconds where it was given (else the service keeps its default)."""
-    return {} if options.drain_seconds is None else {"grace_seconds": options.drain_seconds}
 
 
 def gateway_config_from_options(options: ServiceOptions):
