@@ -1,10 +1,10 @@
-"""Which devices launch kernels with programmatic dependent launch (verifier_service/model/pdl.py)."""
+"""Which devices launch kernels with programmatic dependent launch (verifier_service/kernels/pdl.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from verifier_service.model import pdl
+from verifier_service.kernels import pdl
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from verifier_service.model import pdl
+from verifier_service.kernels import pdl
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class OneShotAllReduce:
 
         self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
-        self.pdl = pdl.enabled(device)  # launched with programmatic dependent launch (model/pdl.py)
+        self.pdl = pdl.enabled(device)  # launched with programmatic dependent launch (kernels/pdl.py)
         self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
         group_name = enable_symmetric_memory(dist.group.WORLD)
         set_words = 2 * self.world * self.slot
