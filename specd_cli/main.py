@@ -97,7 +97,7 @@ def _run_service(name: str, options: ServiceOptions) -> None:
 
         config = drafter_config_from_options(options)
     else:
-        from gateway.server import main as serve
+        from gateway.processes import main as serve
         from specd_cli.service_configs import gateway_config_from_options
 
         config = gateway_config_from_options(options)
