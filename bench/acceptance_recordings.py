@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from acceptance_workloads import Turn
+
+from specd import environment
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Recording:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECD_HOME", Path.home() / ".cache" / "specd")) / "drafter-acceptance"
+    return environment.specd_home() / "drafter-acceptance"
 
 
 def load_or_record(name: str, turns: list[Turn], max_tokens: int) -> list[Recording]:

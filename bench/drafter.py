@@ -36,6 +36,7 @@ from drafter_service.batch import ProposeBatch, SequenceDelta  # noqa: E402
 from drafter_service.config import DrafterConfig  # noqa: E402
 from drafter_service.drafter import Drafter  # noqa: E402
 from drafter_service.stores import resolve_backend  # noqa: E402
+from specd import environment
 from support.drafter_servers import free_port, wait_until_serving  # noqa: E402
 from verifier_service.drafter_client import DrafterClient  # noqa: E402
 from verifier_service.engine.proposer import DraftRequest  # noqa: E402
@@ -134,7 +135,7 @@ def start_drafter(port: int, store: str, drafting: str) -> subprocess.Popen:
     code = ("from drafter_service.server import run; from drafter_service.config import DrafterConfig; "
             f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9, drafting={drafting!r}))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                               stderr=subprocess.DEVNULL, env={**os.environ, "SPECD_DRAFTER_STORE": store})
+                               stderr=subprocess.DEVNULL, env={**os.environ, environment.DRAFTER_STORE: store})
     wait_until_serving(f"127.0.0.1:{port}")
     return process
 

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_engine_step import FixedDrafts  # noqa: E402
 from bench.gpu_latency import copy_bandwidth  # noqa: E402
 from bench.gpu_throughput import run, workload  # noqa: E402
+from specd import environment  # noqa: E402
 from verifier_service.engine.config import EngineConfig  # noqa: E402
 from verifier_service.engine.engine import Engine, build_model_runner  # noqa: E402
 from verifier_service.engine.sampling_params import SamplingParams  # noqa: E402
@@ -54,7 +55,7 @@ from verifier_service.engine.warm_up import warm_up  # noqa: E402
 from verifier_service.parallel.collectives import all_reduce_in_use  # noqa: E402
 from bench.tp_timeline import TIMELINE_ENV  # noqa: E402
 
-UNTUNED_ENV = "SPECD_BENCH_UNTUNED"  # set: every rank compiles without timing kernels (untuned_compile)
+UNTUNED_ENV = environment.BENCH_UNTUNED  # set: every rank compiles without timing kernels (untuned_compile)
 
 
 def untuned_compile() -> None:
@@ -71,12 +72,12 @@ def untuned_compile() -> None:
     torch.compile = compile_untuned
 
 
-if os.environ.get(UNTUNED_ENV):  # this process and the ranks it spawns (which run this module again)
+if environment.bench_untuned():  # this process and the ranks it spawns (which run this module again)
     untuned_compile()
-if __name__ == "__mp_main__" and os.environ.get(TIMELINE_ENV):  # a rank spawned by a --timeline run
+if __name__ == "__mp_main__" and environment.bench_timeline_dir():  # a rank spawned by a --timeline run
     from bench.tp_timeline import install_in_worker
 
-    install_in_worker(Path(os.environ[TIMELINE_ENV]))
+    install_in_worker(environment.bench_timeline_dir())
 
 PROMPT = list(range(1, 513))
 K = 4
@@ -130,7 +131,7 @@ def latency_row(name: str, model_dir: Path, tp: int, tokens: int, bandwidth: flo
         generate(plain, 16)  # warm-up: the eager shapes compile here
         generate(drafted, 16, K)
         freeze_start_up_objects()  # as the verifier does after its warm-up
-        untuned = " untuned" if os.environ.get(UNTUNED_ENV) else ""
+        untuned = " untuned" if environment.bench_untuned() else ""
         row = {"model": name + untuned, "tp": tp, "all_reduce": all_reduce_in_use() if tp > 1 else "-",  # as set up
                "start_s": time.perf_counter() - started,
                "weights_GB": sum(p.numel() * p.element_size() for p in runner.model.parameters()) / 1e9}

@@ -21,7 +21,9 @@ import json
 import statistics
 from pathlib import Path
 
-TIMELINE_ENV = "SPECD_BENCH_TIMELINE_DIR"
+from specd import environment
+
+TIMELINE_ENV = environment.BENCH_TIMELINE_DIR
 FLAG = "profiling"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specd.default_model import resolve_model_path
 from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, ServiceOptions, drain
-from specd.serving import ServerConfig, TlsConfig
+from specd.serving import TlsConfig
 
 
 def _tls(options: ServiceOptions) -> TlsConfig | None:
