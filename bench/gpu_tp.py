@@ -21,7 +21,7 @@ the decode step relative to TP = 1. --speculation adds ms per token with drafts 
 right: the most k = 4 can give) next to ms per token without drafts, and how many tokens the two runs share (all
 of them, unless greedy with drafts parts from greedy without at a bf16 near-tie; after one, every draft is wrong);
 speculation pays on a workload whose mean tokens per verify step exceed `verify / decode`. Random weights lead
-greedy decoding from each token t to t + 1 by a wide margin (verifier_service/model/loader.initialise_random).
+greedy decoding from each token t to t + 1 by a wide margin (verifier_service/engine/loader.initialise_random).
 throughput: MODEL_DIR is a checkpoint (make_random_model.py writes one; nano-vllm needs one too). Output tok/s on
 nano-vllm's workload (bench/gpu_throughput.workload; nano_tp.py runs the same one), speculation off; with
 --peer-log, the ratio to nano-vllm's own numbers from the same call (peers/run_nano_vllm.sh MODEL_DIR tp2).

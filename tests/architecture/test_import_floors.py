@@ -5,9 +5,10 @@ from __future__ import annotations
 from architecture.imports_graph import SERVICES, cycles, import_graph
 
 # Folder pairs inside verifier_service/ that still import each other, left for the rest of issue #37: the model
-# runner and CUDA graphs (engine/) use tensor parallelism's sharded layers (parallel/), whose rank start-up
-# (parallel/) builds that runner; the model loader builds parallel's sharded model. This list only shrinks.
-KNOWN_FOLDER_PAIRS = {("engine", "parallel"), ("model", "parallel")}
+# runner and CUDA graphs (engine/) use tensor parallelism's sharded layers and collectives (parallel/), whose
+# rank start-up (parallel/) builds that runner. It ends when parallel/ splits into the sharded-model floor below
+# the runner and the rank processes above it. This list only shrinks.
+KNOWN_FOLDER_PAIRS = {("engine", "parallel")}
 
 
 def _edges(graph, source_prefix, target_prefix):
