@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-# The engine alone runs under the OpenMP wait policy the services get from specd/cli.py (set before torch loads).
+# The engine alone runs under the OpenMP wait policy the services get from specd_cli/main.py (set before torch loads).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 SERVICES = ("gateway", "verifier", "drafter")
 

@@ -37,6 +37,7 @@ from drafter_service.client import DrafterClient, _Step, _step_to_pb
 from drafter_service.config import DrafterConfig
 from drafter_service.drafter import Drafter
 from drafter_service.stores import resolve_backend
+from specd import environment
 
 VOCAB = 49152
 NUM_DRAFT_TOKENS = 4
@@ -134,7 +135,7 @@ def start_drafter(port: int, store: str, drafting: str) -> subprocess.Popen:
             f"run(DrafterConfig(port={port}, metrics_port=None, max_tokens_held=10**9, drafting={drafting!r}))")
     with open(log_path, "ab") as log:
         process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "SPECD_DRAFTER_STORE": store})
+                                   env={**os.environ, environment.DRAFTER_STORE: store})
     wait_serving(f"127.0.0.1:{port}", process, log_path, timeout=30)
     return process
 

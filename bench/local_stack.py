@@ -1,7 +1,7 @@
 """A whole specd stack as real processes on free loopback ports, one process per service, for the soak
 benchmark (bench/soak.py) and the end-to-end tests.
 
-Each service runs as `python -m specd.cli <service> ...` with its output in a log file; `start()`
+Each service runs as `python -m specd_cli <service> ...` with its output in a log file; `start()`
 returns once every service's grpc health check reports SERVING. One service can be killed and
 restarted on the same ports (the soak and the drafter-failure tests do). Model loading costs seconds on
 the CPU, so tests share one stack per module.
@@ -136,7 +136,7 @@ class Stack:
     def _service(self, name: str, args: list[str]) -> Service:
         port, metrics_port = free_port(), free_port()
         command = name.split("-")[0]
-        argv = [sys.executable, "-m", "specd.cli", command, "--host", "127.0.0.1", "--port", str(port),
+        argv = [sys.executable, "-m", "specd_cli", command, "--host", "127.0.0.1", "--port", str(port),
                 "--metrics-port", str(metrics_port), *self.extra_args, *args]
         service = Service(name, argv, port, metrics_port, self.log_dir / f"{name}.log")
         self.services[name] = service

@@ -143,7 +143,7 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, lookup_tok
 
 def start_stack(port_offset: int, k: int, device: str = "auto", drafting: str = "evidence") -> subprocess.Popen:
     """`specd up` on offset ports; returns once it prints `specd: ready`."""
-    argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "specd_cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
             "--num-speculative-tokens", str(k), "--device", device, "--drafting", drafting]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     if process.stdout.readline().strip() != "specd: ready":

@@ -19,6 +19,7 @@ table is printed last.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -43,6 +44,8 @@ from bench.sse_load import StreamRecord, chat_body, run_load  # noqa: E402
 
 STAGES = ("schedule", "propose", "score", "verify", "update")
 SERVICES = ("gateway", "verifier", "drafter")
+# The command's module: specd_cli, or specd.cli in a tree from before it (measured as the baseline).
+CLI_MODULE = "specd_cli" if importlib.util.find_spec("specd_cli") is not None else "specd.cli"
 
 
 @dataclass
@@ -87,7 +90,7 @@ def _service_of(pid: int) -> str | None:
         names = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
     except OSError:
         return None
-    return next((s for s in SERVICES if s in names), None) if "specd.cli" in names else None
+    return next((s for s in SERVICES if s in names), None) if CLI_MODULE in names else None
 
 
 def cpu_seconds(supervisor_pid: int) -> dict[str, float]:
@@ -131,7 +134,7 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
 
 def start_stack(args, port_offset: int) -> subprocess.Popen:
     """`specd up`, its output (every service's log) in --stack-log; returns once it is ready."""
-    argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", CLI_MODULE, "up", "--port-offset", str(port_offset), "--host", "127.0.0.1",
             "--model", args.model, "--device", args.device, "--draft-memory-scope", args.draft_memory_scope,
             "--max-speculative-tokens", str(max(max(args.ks), 1))] + args.stack_args
     log = open(args.stack_log, "w")
@@ -185,7 +188,7 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
     from drafter_service.config import DrafterConfig
     from drafter_service.local import LocalProposer
     from gateway.tokenizer import Tokenizer
-    from specd.cli import build_parser
+    from specd_cli.main import build_parser
     from specd.default_model import resolve_model_path
     from specd.options import options_from_args
     from verifier_service.config import verifier_config_from_options

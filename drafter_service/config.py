@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specd.drafts import MAX_DRAFT_TOKENS
+from specd.options import DRAFTER_PORTS, ServiceOptions, drain
 from specd.serving import TlsConfig
 
 MEMORY_SCOPES = ("global", "per-key", "off")
@@ -62,3 +63,21 @@ class DrafterConfig:
         for ok, name, message in checks:
             if not ok:
                 raise ValueError(f"{name}: {message}")
+
+
+def drafter_config_from_options(options: ServiceOptions) -> DrafterConfig:
+    """The drafter holds no model: where it listens, and what its memory keeps."""
+    defaults = DrafterConfig()
+    return DrafterConfig(
+        host=options.host,
+        port=DRAFTER_PORTS[0] if options.port is None else options.port,
+        metrics_port=DRAFTER_PORTS[1] if options.metrics_port is None else options.metrics_port,
+        tls=TlsConfig(options.tls_cert, options.tls_key, options.tls_ca) if options.tls_cert else None,
+        inject_delay_ms=options.inject_delay_ms,
+        memory_scope=options.draft_memory_scope,
+        max_memory_tokens=options.draft_memory_tokens or defaults.max_memory_tokens,
+        min_draft_probability=(defaults.min_draft_probability if options.draft_min_probability is None
+                               else options.draft_min_probability),
+        drafting=options.drafting,
+        **drain(options),
+    )

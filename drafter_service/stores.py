@@ -12,12 +12,12 @@ start-up.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from drafter_service.batch import DraftBatch, ProposeBatch
 from drafter_service.config import MEMORY_SCOPES, DrafterConfig
 from drafter_service.state import SequenceStore
+from specd import environment
 
 try:
     from drafter_service import _native_store
@@ -74,7 +74,7 @@ class NativeSequenceStore:
 
 def resolve_backend(backend: str | None = None) -> str:
     """`backend` if given, else $SPECD_DRAFTER_STORE if set, else native when built, else python."""
-    backend = backend or os.environ.get("SPECD_DRAFTER_STORE") or BACKENDS[0]
+    backend = backend or environment.drafter_store() or BACKENDS[0]
     if backend not in BACKENDS:
         raise ValueError(f"drafter store: {backend!r} is not available here (have {', '.join(BACKENDS)})")
     return backend

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from gateway.config import GatewayConfig
+from gateway.server import serve
 from specd import stop_signals
 from specd.startup_errors import bound_socket
 
@@ -37,6 +38,14 @@ class GatewayWorkerDied(SystemExit):
     def __init__(self, name: str, exit_code: int | None) -> None:
         super().__init__(1)
         self.name, self.exit_code = name, exit_code
+
+
+def main(config: GatewayConfig) -> None:
+    """`specd gateway`: one gateway process, or with `processes` > 1 that many."""
+    if config.processes > 1:
+        serve_processes(config)
+    else:
+        asyncio.run(serve(config))
 
 
 def serve_processes(config: GatewayConfig) -> None:
@@ -66,8 +75,6 @@ def serve_processes(config: GatewayConfig) -> None:
 def _worker(config: GatewayConfig, parent_pid: int) -> None:
     """One gateway process (the spawn target): serves until SIGTERM / SIGINT, then drains; killed with the first
     process, should that one be killed (its ports must not outlive it: a restarted gateway binds them again)."""
-    from gateway.server import serve
-
     stop_signals.die_with_parent(signal.SIGKILL, parent_pid)
     stop_signals.install()
     logging.basicConfig(level=logging.INFO,

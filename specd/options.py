@@ -1,14 +1,14 @@
 """The command-line options every service shares, each also read from the environment as SPECD_<NAME>.
 
 A command-line value wins over the environment, which wins over the default. `ServiceOptions` is the
-parsed, validated result; each service builds its own frozen config from it (see specd/cli.py).
+parsed, validated result; each service builds its own frozen config from it (see specd_cli/service_configs.py).
 """
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
+from specd import environment
 from specd.drafts import DEFAULT_MAX_SPECULATIVE_TOKENS, MAX_DRAFT_TOKENS
 
 # Default ports of docs/PUBLIC_SURFACE.md: (gRPC, HTTP / metrics).
@@ -151,97 +151,100 @@ class ServiceOptions:
         return "bfloat16" if self.resolved_device() == "cuda" else "float32"
 
 
-def _env(name: str, default):
-    """The SPECD_<NAME> environment value of an option, else its default."""
-    return os.environ.get("SPECD_" + name.upper().replace("-", "_"), default)
+def drain(options: ServiceOptions) -> dict:
+    """The config field of --drain-seconds where it was given (else the service keeps its default)."""
+    return {} if options.drain_seconds is None else {"grace_seconds": options.drain_seconds}
 
 
 def add_service_options(parser: argparse.ArgumentParser) -> None:
     """Adds the shared options (defaults taken from SPECD_* env variables when set)."""
     defaults = ServiceOptions()
     group = parser.add_argument_group("shared options (each also as env SPECD_<NAME>)")
-    group.add_argument("--model", default=_env("model", defaults.model),
+    group.add_argument("--model", default=environment.option("model", defaults.model),
                        help="Hugging Face checkpoint folder, or 'default' (SmolLM2-135M-Instruct)")
-    group.add_argument("--device", choices=DEVICES, default=_env("device", defaults.device))
-    group.add_argument("--dtype", choices=DTYPES, default=_env("dtype", defaults.dtype))
+    group.add_argument("--device", choices=DEVICES, default=environment.option("device", defaults.device))
+    group.add_argument("--dtype", choices=DTYPES, default=environment.option("dtype", defaults.dtype))
     group.add_argument("--num-speculative-tokens", type=int,
-                       default=_optional_int(_env("num_speculative_tokens", None)),
+                       default=_optional_int(environment.option("num_speculative_tokens", None)),
                        help="draft tokens per step for requests that do not ask (0 turns speculation off; "
                             f"default per device: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
     group.add_argument("--max-speculative-tokens", type=int,
-                       default=_optional_int(_env("max_speculative_tokens", None)),
+                       default=_optional_int(environment.option("max_speculative_tokens", None)),
                        help="verifier: the most draft tokens per step a request may ask for; larger asks are "
                             "clamped (usage reports the k used). "
                             f"Default: max({DEFAULT_MAX_SPECULATIVE_TOKENS}, --num-speculative-tokens)")
-    group.add_argument("--max-model-len", type=int, default=int(_env("max_model_len", defaults.max_model_len)),
+    group.add_argument("--max-model-len", type=int,
+                       default=int(environment.option("max_model_len", defaults.max_model_len)),
                        help="prompt + output tokens per request (0 = the model's own context length)")
-    env_verifiers = _env("verifier_addr", "")
+    env_verifiers = environment.option("verifier_addr", "")
     group.add_argument("--verifier-addr", action="append", dest="verifier_addrs",
                        default=[a for a in env_verifiers.split(",") if a],
                        help=f"verifier HOST:PORT, repeatable (default {DEFAULT_VERIFIER_ADDR}; env: comma-separated)")
-    group.add_argument("--drafter-addr", default=_env("drafter_addr", defaults.drafter_addr))
-    group.add_argument("--host", default=_env("host", defaults.host))
-    group.add_argument("--port", type=int, default=_optional_int(_env("port", None)),
+    group.add_argument("--drafter-addr", default=environment.option("drafter_addr", defaults.drafter_addr))
+    group.add_argument("--host", default=environment.option("host", defaults.host))
+    group.add_argument("--port", type=int, default=_optional_int(environment.option("port", None)),
                        help="gRPC port (default: the service's port of docs/PUBLIC_SURFACE.md)")
-    group.add_argument("--http-port", type=int, default=_optional_int(_env("http_port", None)),
+    group.add_argument("--http-port", type=int, default=_optional_int(environment.option("http_port", None)),
                        help=f"gateway HTTP port (default {GATEWAY_PORTS[1]})")
-    group.add_argument("--metrics-port", type=int, default=_optional_int(_env("metrics_port", None)))
-    group.add_argument("--tls-cert", default=_env("tls_cert", None))
-    group.add_argument("--tls-key", default=_env("tls_key", None))
-    group.add_argument("--tls-ca", default=_env("tls_ca", None))
-    group.add_argument("--api-key", default=_env("api_key", None))
-    group.add_argument("--kv-cache-bytes", type=int, default=_optional_int(_env("kv_cache_bytes", None)),
+    group.add_argument("--metrics-port", type=int, default=_optional_int(environment.option("metrics_port", None)))
+    group.add_argument("--tls-cert", default=environment.option("tls_cert", None))
+    group.add_argument("--tls-key", default=environment.option("tls_key", None))
+    group.add_argument("--tls-ca", default=environment.option("tls_ca", None))
+    group.add_argument("--api-key", default=environment.option("api_key", None))
+    group.add_argument("--kv-cache-bytes", type=int, default=_optional_int(environment.option("kv_cache_bytes", None)),
                        help="verifier: KV cache budget in bytes on the CPU (default: the engine's 256 MiB)")
     group.add_argument("--kv-cache-memory-fraction", type=float,
-                       default=_optional_float(_env("kv_cache_memory_fraction", None)),
+                       default=_optional_float(environment.option("kv_cache_memory_fraction", None)),
                        help="verifier on CUDA: share of free GPU memory (after the model) the KV cache takes "
                             "(default 0.8; --kv-cache-bytes wins)")
     group.add_argument("--max-waiting-requests", type=int,
-                       default=int(_env("max_waiting_requests", defaults.max_waiting_requests)),
+                       default=int(environment.option("max_waiting_requests", defaults.max_waiting_requests)),
                        help="verifier: queued requests beyond this are refused with RESOURCE_EXHAUSTED")
     group.add_argument("--log-requests", action="store_true",
-                       default=_env("log_requests", "").lower() in ("1", "true", "yes"),
+                       default=environment.option("log_requests", "").lower() in ("1", "true", "yes"),
                        help="gateway: log prompts and outputs (off by default: they never reach the logs)")
-    group.add_argument("--inject-delay-ms", type=int, default=int(_env("inject_delay_ms", 0)),
+    group.add_argument("--inject-delay-ms", type=int, default=int(environment.option("inject_delay_ms", 0)),
                        help="drafter: testing aid, delay every batch of drafts by this many milliseconds")
-    group.add_argument("--draft-policy", choices=DRAFT_POLICIES, default=_env("draft_policy", defaults.draft_policy),
+    group.add_argument("--draft-policy", choices=DRAFT_POLICIES, default=environment.option("draft_policy", defaults.draft_policy),
                        help="verifier: batch-size = k drafts in every step of up to 32 running requests; goodput "
                             "(experimental) = each step gets the drafts that pay in measured tokens a second at its "
                             "batch size")
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
-                       default=_env("async_scheduling", defaults.async_scheduling),
+                       default=environment.option("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "
                             "with or without drafts (auto = on CUDA only; output is the same either way)")
     group.add_argument("--tensor-parallel-size", type=int,
-                       default=int(_env("tensor_parallel_size", defaults.tensor_parallel_size)),
+                       default=int(environment.option("tensor_parallel_size", defaults.tensor_parallel_size)),
                        help="verifier: shard the model over this many GPUs of the host, one process each "
                             "(on the CPU: processes)")
     group.add_argument("--draft-memory-scope", choices=DRAFT_MEMORY_SCOPES,
-                       default=_env("draft_memory_scope", defaults.draft_memory_scope),
+                       default=environment.option("draft_memory_scope", defaults.draft_memory_scope),
                        help="drafter: share its memory of earlier outputs across all requests (global), only "
-                            "among requests of one tenant key (per-key), or keep none (off); see docs/CONFIGURATION.md")
-    group.add_argument("--draft-memory-tokens", type=int, default=_optional_int(_env("draft_memory_tokens", None)),
+                            "among requests of one tenant key (per-key), or keep none (off); "
+                            "see docs/CONFIGURATION.md")
+    group.add_argument("--draft-memory-tokens", type=int,
+                       default=_optional_int(environment.option("draft_memory_tokens", None)),
                        help="drafter: tokens of earlier outputs it remembers (default 1,000,000)")
     group.add_argument("--draft-min-probability", type=float,
-                       default=_optional_float(_env("draft_min_probability", None)),
+                       default=_optional_float(environment.option("draft_min_probability", None)),
                        help="drafter: a draft stops before the token whose estimated chance of acceptance falls "
                             "below this (default 0.15; 0 = always as many as asked)")
-    group.add_argument("--drafting", choices=DRAFTING, default=_env("drafting", defaults.drafting),
+    group.add_argument("--drafting", choices=DRAFTING, default=environment.option("drafting", defaults.drafting),
                        help="drafter: evidence (own context and memory, lengths from the evidence) or ngram "
                             "(plain prompt lookup, k drafts whenever anything matches: the drafter before "
                             "its memory, kept for comparisons)")
-    group.add_argument("--drain-seconds", type=float, default=_optional_float(_env("drain_seconds", None)),
+    group.add_argument("--drain-seconds", type=float, default=_optional_float(environment.option("drain_seconds", None)),
                        help="after SIGTERM / SIGINT: how long live calls may finish before the rest are cancelled "
                             "(default: 10 for gateway and verifier, 5 for the drafter); keep Kubernetes' "
                             "terminationGracePeriodSeconds above it")
-    group.add_argument("--max-num-seqs", type=int, default=_optional_int(_env("max_num_seqs", None)),
+    group.add_argument("--max-num-seqs", type=int, default=_optional_int(environment.option("max_num_seqs", None)),
                        help=f"verifier: requests in the running batch, the rest wait (default per device: "
                             f"{DEFAULT_MAX_NUM_SEQS})")
     group.add_argument("--max-num-batched-tokens", type=int,
-                       default=_optional_int(_env("max_num_batched_tokens", None)),
+                       default=_optional_int(environment.option("max_num_batched_tokens", None)),
                        help=f"verifier: tokens one step feeds the model, prompt chunks included (default per "
                             f"device: {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
-    group.add_argument("--gateway-processes", type=_processes, default=_processes(_env("gateway_processes", "auto")),
+    group.add_argument("--gateway-processes", type=_processes, default=_processes(environment.option("gateway_processes", "auto")),
                        help="gateway: processes serving its ports, each a whole gateway on a core of its own "
                             "(auto: one per usable CPU, at most 8; under specd up one per 4 CPUs)")
 

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from drafter_service.config import DrafterConfig
+from drafter_service.config import DrafterConfig, drafter_config_from_options
 from specd.options import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, IN_PROCESS_DRAFTER, VERIFIER_PORTS,
-                           ServiceOptions)
+                           ServiceOptions, drain)
 from specd.serving import ServerConfig, TlsConfig
-from specd.service_configs import drafter_config_from_options, drain
 from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 

@@ -26,7 +26,7 @@ def complete(http_port: int, k: int) -> dict:
 def test_an_in_process_drafter_drafts_without_a_drafter_service_and_keeps_the_output():
     offset = free_offset()
     gateway_http, drafter_grpc = STACK_PORTS[1] + offset, STACK_PORTS[4] + offset
-    argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(offset), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "specd_cli", "up", "--port-offset", str(offset), "--host", "127.0.0.1",
             "--device", "cpu", "--dtype", "float32", "--drafter-addr", "in-process"]
     process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

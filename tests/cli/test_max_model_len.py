@@ -7,7 +7,7 @@ from bench.local_stack import REPO_ROOT, free_port
 
 
 def test_specd_verifier_refuses_a_max_model_len_its_cache_cannot_hold():
-    argv = [sys.executable, "-m", "specd.cli", "verifier", "--host", "127.0.0.1", "--device", "cpu",
+    argv = [sys.executable, "-m", "specd_cli", "verifier", "--host", "127.0.0.1", "--device", "cpu",
             "--port", str(free_port()), "--metrics-port", str(free_port()), "--drafter-addr", "none",
             "--max-model-len", "8192"]  # the default 256 MiB CPU cache holds 5,824 tokens of the default model
     result = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)

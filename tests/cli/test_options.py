@@ -1,8 +1,8 @@
 """Shared options: command line over SPECD_* environment over defaults; bad values name the option."""
 import pytest
 
-from specd.cli import build_parser
-from specd.launcher import plan_stack
+from specd_cli.main import build_parser
+from specd_cli.launcher import plan_stack
 from specd.options import ServiceOptions, options_from_args
 from verifier_service.config import verifier_config_from_options
 
@@ -139,13 +139,13 @@ def test_too_many_verifiers_is_refused():
 @pytest.mark.parametrize("argv, env, scope", [([], {}, "global"), (["--draft-memory-scope", "per-key"], {}, "per-key"),
                                               ([], {"SPECD_DRAFT_MEMORY_SCOPE": "off"}, "off")])
 def test_the_draft_memory_scope_reaches_the_drafter_config(monkeypatch, argv, env, scope):
-    from specd.service_configs import drafter_config_from_options
+    from drafter_service.config import drafter_config_from_options
 
     assert drafter_config_from_options(parse(["drafter", *argv], monkeypatch, **env)).memory_scope == scope
 
 
 def test_drafter_memory_options_reach_its_config_and_up_forwards_them(monkeypatch):
-    from specd.service_configs import drafter_config_from_options
+    from drafter_service.config import drafter_config_from_options
 
     options = parse(["up", "--draft-memory-scope", "per-key", "--draft-min-probability", "0.4"], monkeypatch,
                     SPECD_DRAFT_MEMORY_TOKENS="5000", SPECD_DRAFTING="ngram")
@@ -171,7 +171,7 @@ def _omp_wait_policy_of_a_service(env: dict) -> str:
     import subprocess
     import sys
 
-    code = "import specd.cli, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    code = "import specd_cli.main, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
     environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
     return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
                           check=True).stdout.strip()

@@ -25,7 +25,7 @@ def taken_port():
 
 
 def service_argv(command: str, **ports: int) -> list[str]:
-    argv = [sys.executable, "-m", "specd.cli", command, "--host", "127.0.0.1", "--device", "cpu"]
+    argv = [sys.executable, "-m", "specd_cli", command, "--host", "127.0.0.1", "--device", "cpu"]
     for option in PORT_OPTIONS[command]:
         argv += [option, str(ports.get(option, free_port()))]
     return argv
@@ -69,7 +69,7 @@ def test_specd_up_names_the_service_whose_port_is_taken_and_stops_the_rest():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", taken))
         sock.listen()
-        argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(offset), "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "specd_cli", "up", "--port-offset", str(offset), "--host", "127.0.0.1",
                 "--device", "cpu"]
         process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         children = psutil.Process(process.pid).children()

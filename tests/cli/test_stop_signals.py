@@ -81,7 +81,7 @@ def _alive(pid: int) -> bool:
 def service(command: str, *args: str) -> tuple[subprocess.Popen, list[int]]:
     ports = [free_port(), free_port()]
     port_flag = "--http-port" if command == "gateway" else "--metrics-port"
-    argv = [sys.executable, "-m", "specd.cli", command, "--host", "127.0.0.1", "--device", "cpu",
+    argv = [sys.executable, "-m", "specd_cli", command, "--host", "127.0.0.1", "--device", "cpu",
             "--port", str(ports[0]), port_flag, str(ports[1]), "--drain-seconds", str(DRAIN_SECONDS), *args]
     if command == "gateway":
         argv += ["--verifier-addr", f"127.0.0.1:{free_port()}"]
@@ -96,7 +96,7 @@ def service(command: str, *args: str) -> tuple[subprocess.Popen, list[int]]:
 def test_specd_up_stops_cleanly(moment, signals):
     rng = random.Random(f"{SEED}-up-{moment}-{signals}")
     offset = free_offset()
-    argv = [sys.executable, "-m", "specd.cli", "up", "--port-offset", str(offset), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "specd_cli", "up", "--port-offset", str(offset), "--host", "127.0.0.1",
             "--device", "cpu", "--drain-seconds", str(DRAIN_SECONDS)]
     process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

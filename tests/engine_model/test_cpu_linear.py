@@ -6,9 +6,10 @@ import torch
 from torch import nn
 
 from engine_model.checkpoints import prefill_request
+from specd import environment
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
-from verifier_service.model.cpu_linear import (CHUNK_ROWS, ONEDNN_LINEAR_ENV, PrepackedLinear, onednn_linear_enabled,
+from verifier_service.model.cpu_linear import (CHUNK_ROWS, PrepackedLinear, onednn_linear_enabled,
                                               padded_rows)
 
 pytestmark = pytest.mark.skipif(not onednn_linear_enabled(torch.device("cpu"), torch.float32),
@@ -47,7 +48,7 @@ def logits_and_linears(checkpoint) -> tuple[torch.Tensor, set[type]]:
 
 def test_cpu_runner_prepacks_every_linear_and_the_switch_turns_it_off(tiny_llama, monkeypatch):
     packed_logits, packed_kinds = logits_and_linears(tiny_llama)
-    monkeypatch.setenv(ONEDNN_LINEAR_ENV, "0")
+    monkeypatch.setenv(environment.ONEDNN_LINEAR, "0")
     dense_logits, dense_kinds = logits_and_linears(tiny_llama)
     assert packed_kinds == {PrepackedLinear} and dense_kinds == {nn.Linear}
     torch.testing.assert_close(packed_logits, dense_logits, atol=1e-5, rtol=1e-5)

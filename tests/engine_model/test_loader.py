@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 from engine_model.checkpoints import prefill_request, save_tiny_checkpoint
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
-from verifier_service.model.loader import load_model
+from verifier_service.engine.loader import load_model
 
 
 @pytest.fixture

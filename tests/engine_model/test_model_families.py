@@ -12,7 +12,7 @@ from engine_model.checkpoints import prefill_request, random_block_tables
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.model.config import rope_parameters
-from verifier_service.model.loader import load_model
+from verifier_service.engine.loader import load_model
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 

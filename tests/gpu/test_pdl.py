@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (verifier_service/model/pdl.py) changes no result: a CUDA graph in which every
+"""Programmatic dependent launch (verifier_service/kernels/pdl.py) changes no result: a CUDA graph in which every
 kernel reads what the kernel right before it wrote (Inductor's kernels, the KV write, split attention and its
 combine), launched with PDL, gives bit for bit what the same graph gives without, at every replay with new data
 (a kernel that read before its predecessor had finished would read the replay before's values). Each family of
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu.test_triton_verify import random_verify_step
-from verifier_service.model import pdl
+from verifier_service.kernels import pdl
 
 pytestmark = pytest.mark.gpu
 KV_HEADS, GROUP, HEAD_DIM, SPLITS, REPLAYS = 4, 4, 128, 16, 20

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from specd import default_model
+from specd import environment
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def home(tmp_path, monkeypatch, pinned_gguf):
     gguf = tmp_path / default_model.GGUF_FILE
     shutil.copyfile(pinned_gguf, gguf)
     monkeypatch.setenv("SPECD_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(default_model.GGUF_ENV, str(gguf))
+    monkeypatch.setenv(environment.DEFAULT_GGUF, str(gguf))
     shutil.copytree(converted, default_model.default_model_dir())
     return gguf
 
@@ -45,7 +46,7 @@ def test_the_wheels_dependencies_are_not_installed():
 
 def test_the_pinned_gguf_is_refused_when_its_hash_differs(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECD_HOME", str(tmp_path))
-    monkeypatch.delenv(default_model.GGUF_ENV, raising=False)
+    monkeypatch.delenv(environment.DEFAULT_GGUF, raising=False)
     monkeypatch.setattr(default_model, "GGUF_SHA256", "0" * 64)
     with pytest.raises(RuntimeError, match="expected 0000"):
         default_model.default_gguf()

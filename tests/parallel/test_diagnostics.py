@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from bench.local_stack import REPO_ROOT
-from verifier_service.parallel.diagnostics import DUMP_ENV
+from specd.environment import TENSOR_PARALLEL_DUMP_S as DUMP_ENV
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:

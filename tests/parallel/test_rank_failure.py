@@ -38,7 +38,7 @@ def model_dir(tmp_path_factory):
 
 def verifier(model_dir, *args: str, **env: str) -> Service:
     port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "specd.cli", "verifier", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "specd_cli", "verifier", "--host", "127.0.0.1", "--port", str(port),
             "--metrics-port", str(metrics_port), "--model", str(model_dir), "--device", "cpu", "--dtype", "float32",
             "--drafter-addr", "none", "--tensor-parallel-size", "2", *args]
     log = Path(tempfile.mkdtemp(prefix="specd-tp-")) / "verifier.log"

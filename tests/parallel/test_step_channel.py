@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.launch import join_process_groups
+from verifier_service.parallel.rank_start import join_process_groups
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.teardown import leave_process_groups
 

@@ -3,7 +3,8 @@ they dial); adding a CA = mutual TLS (peers verified against it, client certific
 import pytest
 
 from specd.options import ServiceOptions
-from specd.service_configs import drafter_config_from_options, gateway_config_from_options
+from drafter_service.config import drafter_config_from_options
+from specd_cli.service_configs import gateway_config_from_options
 from verifier_service.config import verifier_config_from_options
 
 CERT = dict(tls_cert="/certs/service.crt", tls_key="/certs/service.key")

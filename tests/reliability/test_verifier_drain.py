@@ -19,7 +19,7 @@ DRAIN_SECONDS = 6.0  # the short stream's one more step fits easily, even on a b
 @pytest.fixture
 def verifier(tmp_path):
     port = free_port()
-    argv = [sys.executable, "-m", "specd.cli", "verifier", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "specd_cli", "verifier", "--host", "127.0.0.1", "--port", str(port),
             "--metrics-port", str(free_port()), "--device", "cpu", "--drafter-addr", "none",
             "--drain-seconds", str(DRAIN_SECONDS)]
     service = Service("verifier", argv, port, 0, tmp_path / "verifier.log")

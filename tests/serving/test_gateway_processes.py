@@ -68,7 +68,7 @@ def test_metrics_sum_every_process_whichever_answers(stack):
 
 def start_gateway(http_port: int, grpc_port: int, *extra: str) -> subprocess.Popen:
     """A gateway of two processes with no verifier behind it (it starts, and answers /health with 503)."""
-    argv = [sys.executable, "-m", "specd.cli", "gateway", "--host", "127.0.0.1", "--port", str(grpc_port),
+    argv = [sys.executable, "-m", "specd_cli", "gateway", "--host", "127.0.0.1", "--port", str(grpc_port),
             "--http-port", str(http_port), "--verifier-addr", f"127.0.0.1:{free_port()}", "--gateway-processes", "2",
             "--drain-seconds", "1", *extra]
     return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

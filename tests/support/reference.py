@@ -13,13 +13,13 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from specd import environment
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SPECD_TEST_CACHE") or Path(tempfile.gettempdir()) / "specd-test-cache"
-    return Path(root) / "hf_greedy"
+    return environment.test_cache() / "hf_greedy"
 
 
 def _model_fingerprint(model_dir: Path) -> str:

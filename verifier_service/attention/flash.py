@@ -23,10 +23,10 @@ round 5), so it was dropped.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
+from specd import environment
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
@@ -36,12 +36,11 @@ except ImportError:  # flash-attn is optional: select_backend only picks this ba
     flash_attn_varlen_func = flash_attn_with_kvcache = None
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-TRITON_VERIFY_ENV = "SPECD_TRITON_VERIFY"  # "0" keeps FA2 for verify steps (to compare before / after)
 
 
 def _load_triton_verify():
     """The triton_verify module, or None without triton (CPU machines never import it: it is lazy)."""
-    if os.environ.get(TRITON_VERIFY_ENV, "1") == "0":
+    if not environment.triton_verify():  # "0" keeps FA2 for verify steps (to compare before / after)
         return None
     try:
         from verifier_service.attention import triton_verify

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from verifier_service.model import pdl
-from verifier_service.model.triton_pdl import prologue
+from verifier_service.kernels import pdl
+from verifier_service.kernels.triton_pdl import prologue
 
 
 @triton.jit

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from verifier_service.model import pdl
-from verifier_service.model.triton_pdl import prologue
+from verifier_service.kernels import pdl
+from verifier_service.kernels.triton_pdl import prologue
 
 LOG2E = 1.4426950408889634
 MAX_TILE_ROWS = 128  # group * query_len above this is a prefill chunk, not a verify step: FA2 handles it

@@ -337,29 +337,17 @@ def build_draft_policy(config: EngineConfig) -> DraftPolicy | None:
     return DraftPolicy(DraftPolicyConfig(max_batch_size=config.max_draft_batch_size, goodput=config.draft_goodput))
 
 
-def build_model_runner(config: EngineConfig, drafts: bool = True, shard=None, on_rank_failure=None):
+def build_model_runner(config: EngineConfig, drafts: bool = True, on_rank_failure=None):
     """The real model runner for config (imported here so engine logic loads without a model); with drafts,
     CUDA graphs for every verify width up to the most drafts a request may get.
 
     With tensor_parallel_size > 1 this is rank 0's ParallelRunner, which starts the other ranks
-    (parallel/launch.py; on_rank_failure(reason) runs when one dies or hangs); each rank, rank 0
-    included, builds the runner of its `shard` here.
+    (parallel/launch.py; on_rank_failure(reason) runs when one dies or hangs).
     """
-    from specd.default_model import resolve_model_path
-    from verifier_service.engine.cuda_graphs import step_widths
-    from verifier_service.engine.model_runner import ModelRunner
-
-    if config.tensor_parallel_size > 1 and shard is None:
+    if config.tensor_parallel_size > 1:
         from verifier_service.parallel.launch import start_tensor_parallel
 
         return start_tensor_parallel(config, drafts, on_rank_failure)
-    runner = ModelRunner(resolve_model_path(config.model), device=config.device, dtype=config.dtype,
-                         block_size=config.block_size, kv_cache_bytes=config.kv_cache_bytes or None,
-                         gpu_memory_utilization=config.kv_cache_memory_fraction,
-                         max_model_len=config.max_model_len or None, compile_model=config.compile_model,
-                         shard=shard, random_weights=config.random_weights)
-    if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
-        drafting_batch = config.max_draft_batch_size if config.adaptive_drafting else 0  # 0: any batch drafts
-        runner.capture_cuda_graphs(config.max_num_seqs, step_widths(config.speculative_tokens_limit if drafts else 0),
-                                   max_verify_batch=drafting_batch or None)
-    return runner
+    from verifier_service.engine.rank_runner import build_rank_runner
+
+    return build_rank_runner(config, drafts)

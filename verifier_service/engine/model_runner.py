@@ -17,12 +17,12 @@ from verifier_service.attention.metadata import AttentionMetadata, attention_con
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
+from verifier_service.engine.loader import load_model
 from verifier_service.engine.previous_tokens import feed_previous_tokens, may_advance, resolve_on_host
 from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
-from verifier_service.model.loader import load_model
 from verifier_service.parallel.collectives import min_over_ranks, use_one_shot
 from verifier_service.parallel.one_shot_all_reduce import set_up as set_up_one_shot
 from verifier_service.parallel.shard import RankShard
@@ -59,7 +59,7 @@ class ModelRunner:
 
     With `shard` (a tensor-parallel rank, verifier_service/parallel/) the runner holds that rank's part of
     the model and a KV cache of its KV heads, with as many blocks as every other rank; each rank's runner
-    executes the same batches (rank 0's ParallelRunner sends them). `random_weights`: see model/loader.py.
+    executes the same batches (rank 0's ParallelRunner sends them). `random_weights`: see engine/loader.py.
     """
 
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from verifier_service.model import pdl
+from verifier_service.kernels import pdl
 from verifier_service.model.decoder import CausalLM
 
 

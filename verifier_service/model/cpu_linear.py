@@ -21,12 +21,12 @@ most 24 shapes per weight shape, ~70 MB for the default model, all built when th
 """
 from __future__ import annotations
 
-import os
 
 import torch
 from torch import nn
 
-ONEDNN_LINEAR_ENV = "SPECD_ONEDNN_LINEAR"
+from specd import environment
+
 _DTYPES = (torch.float32, torch.bfloat16)
 CHUNK_ROWS = 256  # inputs with more rows run in chunks of this many
 _EXACT_ROWS = 16  # row counts up to this get a primitive each (decode and verify steps of small batches)
@@ -50,7 +50,7 @@ def onednn_linear_enabled(device: torch.device, dtype: torch.dtype) -> bool:
     return (device.type == "cpu" and dtype in _DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
-            and os.environ.get(ONEDNN_LINEAR_ENV, "1") != "0")
+            and environment.onednn_linear())
 
 
 class PrepackedLinear(nn.Module):

@@ -23,19 +23,19 @@ import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from specd import environment
 from verifier_service.engine.batch import ScheduledBatch
 
 logger = logging.getLogger(__name__)
 
-DUMP_ENV = "SPECD_TENSOR_PARALLEL_DUMP_S"
 FIRST_STEPS_LOGGED = 3  # steps each rank logs, with their kind (CUDA graph or eager) and their timing
 
 
 def dump_after_s() -> float | None:
     """SPECD_TENSOR_PARALLEL_DUMP_S as seconds; None when unset or 0 (no timed stack dumps)."""
-    value = float(os.environ.get(DUMP_ENV) or 0)
+    value = environment.tensor_parallel_dump_s()
     if value < 0:
-        raise ValueError(f"{DUMP_ENV}: must be >= 0 (0 = off), got {value}")
+        raise ValueError(f"{environment.TENSOR_PARALLEL_DUMP_S}: must be >= 0 (0 = off), got {value}")
     return value or None
 
 

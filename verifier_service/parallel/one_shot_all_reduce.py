@@ -20,18 +20,17 @@ rank that fails says why, e.g. no peer access between its GPUs; then all keep NC
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 import weakref
 
 import torch
 import torch.distributed as dist
 
-from verifier_service.model import pdl
+from specd import environment
+from verifier_service.kernels import pdl
 
 logger = logging.getLogger(__name__)
 
-MODE_ENV = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
 MODES = ("nccl", "one-shot")
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)  # 16-bit words: -0.0 marks a word not yet arrived
 MAX_BYTES = 512 << 10  # every rank sends its whole tensor to every peer: past ~0.5 MB NCCL's ring is faster
@@ -41,9 +40,9 @@ MIN_ROW, MAX_ROW = 64, 16384  # the rows add_rms_norm takes, one per program (Ll
 
 def all_reduce_mode() -> str:
     """SPECD_TENSOR_PARALLEL_ALL_REDUCE, checked: one of MODES (default one-shot)."""
-    mode = os.environ.get(MODE_ENV) or "one-shot"
+    mode = environment.tensor_parallel_all_reduce()
     if mode not in MODES:
-        raise ValueError(f"{MODE_ENV}: must be one of {', '.join(MODES)}, got {mode!r}")
+        raise ValueError(f"{environment.TENSOR_PARALLEL_ALL_REDUCE}: must be one of {', '.join(MODES)}, got {mode!r}")
     return mode
 
 
@@ -62,7 +61,7 @@ class OneShotAllReduce:
 
         self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()
-        self.pdl = pdl.enabled(device)  # launched with programmatic dependent launch (model/pdl.py)
+        self.pdl = pdl.enabled(device)  # launched with programmatic dependent launch (kernels/pdl.py)
         self.slot = MAX_BYTES // dtype.itemsize  # words per rank and parity
         group_name = enable_symmetric_memory(dist.group.WORLD)
         set_words = 2 * self.world * self.slot

@@ -15,7 +15,6 @@ first (`stop_watching`), since the workers then exit by design.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,20 +23,20 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
+from specd import environment
 from verifier_service.parallel.diagnostics import dump_stacks
 
 logger = logging.getLogger(__name__)
 
-TIMEOUT_ENV = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
 _POLL_S = 0.2
 
 
 def hang_timeout_s() -> float:
     """Seconds a step may take before its ranks count as hung (SPECD_TENSOR_PARALLEL_TIMEOUT_S)."""
-    value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    value = environment.tensor_parallel_timeout_s(DEFAULT_TIMEOUT_S)
     if value <= 0:
-        raise ValueError(f"{TIMEOUT_ENV}: must be > 0, got {value}")
+        raise ValueError(f"{environment.TENSOR_PARALLEL_TIMEOUT_S}: must be > 0, got {value}")
     return value
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from verifier_service.model.triton_pdl import prologue
+from verifier_service.kernels.triton_pdl import prologue
 
 EMPTY = tl.constexpr(-32768)  # the bits of -0.0 in bf16 and fp16
 
@@ -30,7 +30,7 @@ def one_shot_kernel(words, out, residual, weight, residual_out, numel, width, ep
     The slots start `base` words into each rank's buffer (buffer_ptrs: the ranks' buffers, 16-bit words), `slot`
     words per parity and sender. NORM False: the sum goes to out. NORM True (a row per program, width = hidden
     size): residual_out = residual + sum, out = weight * rms_norm(residual_out), rounded as the model's RMSNorm
-    rounds (model/layers.py). PDL: launched with programmatic dependent launch (model/pdl.py)."""
+    rounds (model/layers.py). PDL: launched with programmatic dependent launch (kernels/pdl.py)."""
     prologue(PDL)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)

@@ -18,17 +18,16 @@ asked about) turns it off, to measure before / after.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-ENV = "SPECD_PDL"
+from specd import environment
 
 
 @functools.cache
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` (a tensor's device) launch with PDL: a CUDA device of compute capability >= 9,
     SPECD_PDL not "0". Decided once per device and process: our kernels ask at every launch, eager steps included."""
-    if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
+    if device.type != "cuda" or not environment.pdl():
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(options: ServiceOptions, num_verifiers: int, port_offset: int) -> int:
-    from specd.launcher import StackSupervisor, plan_stack
+    from specd_cli.launcher import StackSupervisor, plan_stack
     from specd.serving import TlsConfig
 
     try:
@@ -93,12 +93,12 @@ def _run_service(name: str, options: ServiceOptions) -> None:
         config = verifier_config_from_options(options)
     elif name == "drafter":
         from drafter_service.server import serve
-        from specd.service_configs import drafter_config_from_options
+        from drafter_service.config import drafter_config_from_options
 
         config = drafter_config_from_options(options)
     else:
-        from gateway.server import main as serve
-        from specd.service_configs import gateway_config_from_options
+        from gateway.processes import main as serve
+        from specd_cli.service_configs import gateway_config_from_options
 
         config = gateway_config_from_options(options)
     if stop_signals.requested():  # stopped while importing: nothing was started
@@ -107,6 +107,3 @@ def _run_service(name: str, options: ServiceOptions) -> None:
     if inspect.iscoroutine(result):
         asyncio.run(result)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """`specd up`: the whole stack as separate processes, supervised until SIGTERM / SIGINT.
 
-Every service is started as `python -m specd.cli <service> ...` in its own session (so a terminal's
+Every service is started as `python -m specd_cli <service> ...` in its own session (so a terminal's
 Ctrl-C reaches only this supervisor, which then stops the services in order: gateway, verifiers,
 drafter). `specd: ready` is printed once every service's grpc health check reports SERVING. When a
 service dies, the others are stopped and the supervisor exits non-zero.
@@ -66,7 +66,7 @@ def _gateway_processes(options: ServiceOptions) -> int:
 
 
 def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | None) -> list[str]:
-    argv = [sys.executable, "-m", "specd.cli", service, "--port", str(port), "--host", options.host,
+    argv = [sys.executable, "-m", "specd_cli", service, "--port", str(port), "--host", options.host,
             "--model", options.model, "--device", options.device, "--dtype", options.dtype,
             "--max-model-len", str(options.max_model_len)]
     if options.num_speculative_tokens is not None:  # unset: each verifier takes its device's default

