@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 from bench.workload import WORKLOADS, Turn
 from drafter_service.config import DrafterConfig
 from drafter_service.local import LocalProposer
+from specd import environment
 from verifier_service.engine.proposer import DraftRequest, Proposer
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Recording:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECD_HOME", Path.home() / ".cache" / "specd")) / "drafter-acceptance"
+    return environment.specd_home() / "drafter-acceptance"
 
 
 def load_or_record(name: str, turns: list[Turn], max_tokens: int) -> list[Recording]:

@@ -24,6 +24,7 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from specd import environment
 from specd.serving import TlsConfig, open_channel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +145,7 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECD_") or k == "SPECD_HOME"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(environment.PREFIX) or k == environment.HOME}
         env["PYTHONPATH"] = str(REPO_ROOT)
         env.setdefault("OMP_NUM_THREADS", "2")
         return env

@@ -20,8 +20,6 @@ PDL = "SPECD_PDL"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
 TENSOR_PARALLEL_ALL_REDUCE = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
-BENCH_UNTUNED = "SPECD_BENCH_UNTUNED"
-BENCH_TIMELINE_DIR = "SPECD_BENCH_TIMELINE_DIR"
 TEST_CACHE = "SPECD_TEST_CACHE"
 
 
@@ -88,17 +86,6 @@ def tensor_parallel_dump_s() -> float:
 def tensor_parallel_all_reduce() -> str:
     """How the ranks sum small tensors on CUDA: `one-shot` (default) or `nccl`."""
     return _get(TENSOR_PARALLEL_ALL_REDUCE) or "one-shot"
-
-
-def bench_untuned() -> bool:
-    """bench/gpu_tp.py: every rank compiles without timing kernels."""
-    return _get(BENCH_UNTUNED) is not None
-
-
-def bench_timeline_dir() -> Path | None:
-    """bench/gpu_tp.py --timeline: where each spawned rank writes its step timeline."""
-    value = _get(BENCH_TIMELINE_DIR)
-    return None if value is None else Path(value)
 
 
 def test_cache() -> Path:
