@@ -69,7 +69,8 @@ def engine_alone(model: str, device: str, texts: list[str], max_tokens: int, ks:
     from drafter_service.local import LocalProposer
     from specd.default_model import resolve_model_path
     from verifier_service.engine.config import EngineConfig
-    from verifier_service.engine.engine import Engine, build_model_runner
+    from verifier_service.engine.engine import Engine
+    from verifier_service.runners import build_model_runner
     from specd.sampling import SamplingParams
 
     device = "cpu" if device == "auto" else device  # the stack's auto on a machine without CUDA

@@ -28,7 +28,8 @@ from drafter_service.config import DrafterConfig
 from drafter_service.local import LocalProposer
 from specd.default_model import resolve_model_path
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.engine import Engine, build_model_runner
+from verifier_service.engine.engine import Engine
+from verifier_service.runners import build_model_runner
 from specd.sampling import SamplingParams
 
 

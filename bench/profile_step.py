@@ -76,7 +76,8 @@ def prefill(model_dir: str) -> None:
     """Where a prompt's time to first token goes: prefills of several lengths through the runner (first call and
     repeats), the host's top operations of one, and the engine's add -> first output as the verifier runs it."""
     from verifier_service.engine.config import EngineConfig
-    from verifier_service.engine.engine import Engine, build_model_runner
+    from verifier_service.engine.engine import Engine
+    from verifier_service.runners import build_model_runner
     from specd.sampling import SamplingParams
     from verifier_service.engine.warm_up import warm_up
 

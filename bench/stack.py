@@ -192,7 +192,8 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
     from specd.default_model import resolve_model_path
     from specd.options import options_from_args
     from verifier_service.config import verifier_config_from_options
-    from verifier_service.engine.engine import Engine, build_model_runner
+    from verifier_service.engine.engine import Engine
+    from verifier_service.runners import build_model_runner
     from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects
     from verifier_service.engine.warm_up import warm_up
 

@@ -89,7 +89,7 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
         argv += ["--kv-cache-memory-fraction", str(options.kv_cache_memory_fraction)]
     argv += ["--max-waiting-requests", str(options.max_waiting_requests),
              "--draft-memory-scope", options.draft_memory_scope, "--drafting", options.drafting,
-             "--draft-policy", options.draft_policy]
+             "--draft-policy", options.draft_policy, "--async-scheduling", options.async_scheduling]
     for flag, number in (("--draft-memory-tokens", options.draft_memory_tokens),
                          ("--draft-min-probability", options.draft_min_probability)):
         if number is not None:

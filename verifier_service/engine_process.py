@@ -183,7 +183,8 @@ def run_engine_process(config, conn: Connection, parent_pid: int) -> None:
 def _load(config, send):
     """The engine with its drafter client, warmed up, in an EngineLoop that sends each step down the pipe."""
     from specd.default_model import resolve_model_path
-    from verifier_service.engine.engine import Engine, build_model_runner
+    from verifier_service.engine.engine import Engine
+    from verifier_service.runners import build_model_runner
     from verifier_service.engine.start_up_objects import freeze as freeze_start_up_objects
     from verifier_service.engine.warm_up import warm_up
     from verifier_service.engine_loop import EngineLoop

@@ -1,14 +1,12 @@
-"""Floors import downward only (STYLE.md): the base imports no service, services see each other only through
+"""Floors import downward only: the base imports no service, services see each other only through
 the protos, the verifier's folders import one way and no files import each other in a circle."""
 from __future__ import annotations
 
 from architecture.imports_graph import SERVICES, cycles, import_graph
 
-# Folder pairs inside verifier_service/ that still import each other, left for the rest of issue #37: the model
-# runner and CUDA graphs (engine/) use tensor parallelism's sharded layers and collectives (parallel/), whose
-# rank start-up (parallel/) builds that runner. It ends when parallel/ splits into the sharded-model floor below
-# the runner and the rank processes above it. This list only shrinks.
-KNOWN_FOLDER_PAIRS = {("engine", "parallel")}
+# Folder pairs inside verifier_service/ that still import each other (none since the sharded model moved to
+# sharding/, below the runner, and build_model_runner to runners.py, above engine/ and parallel/). Only shrinks.
+KNOWN_FOLDER_PAIRS: set[tuple[str, str]] = set()
 
 
 def _edges(graph, source_prefix, target_prefix):

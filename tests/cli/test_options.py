@@ -49,6 +49,9 @@ def test_auto_on_a_cpu_machine_means_float32_cpu():
 def test_async_scheduling_reaches_the_engine_config(monkeypatch, argv, env, expected):
     options = parse(["verifier", "--device", "cpu", *argv], monkeypatch, **env)
     assert verifier_config_from_options(options).engine.async_scheduling is expected  # None = auto (CUDA only)
+    up = parse(["up", *argv], monkeypatch, **env)
+    verifier = next(s for s in plan_stack(up, num_verifiers=1, port_offset=0) if s.name.startswith("verifier"))
+    assert verifier.argv[verifier.argv.index("--async-scheduling") + 1] == up.async_scheduling
 
 
 @pytest.mark.parametrize("argv, env, expected", [([], {}, False), (["--draft-policy", "goodput"], {}, True),

@@ -12,7 +12,8 @@ from specd.sampling import SamplingParams
 from support import reference
 from support.engine_runs import run
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.engine import Engine, build_model_runner
+from verifier_service.engine.engine import Engine
+from verifier_service.runners import build_model_runner
 from verifier_service.engine.proposer import DraftRequest
 
 MAX_TOKENS = 48

@@ -50,7 +50,7 @@ def hf_greedy(prompts) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def runner():
-    from verifier_service.engine.engine import build_model_runner
+    from verifier_service.runners import build_model_runner
 
     return build_model_runner(CONFIG)
 

@@ -46,7 +46,7 @@ def references(prompts, model_dir) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def runner():
-    from verifier_service.engine.engine import build_model_runner
+    from verifier_service.runners import build_model_runner
 
     return build_model_runner(CONFIG)
 

@@ -11,7 +11,8 @@ from support import reference
 from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.engine import Engine, build_model_runner
+from verifier_service.engine.engine import Engine
+from verifier_service.runners import build_model_runner
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",

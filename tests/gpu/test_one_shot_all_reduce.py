@@ -1,4 +1,4 @@
-"""The one-shot all-reduce (verifier_service/parallel/one_shot_all_reduce.py) on 2 and 4 GPUs: every call of a long
+"""The one-shot all-reduce (verifier_service/sharding/one_shot_all_reduce.py) on 2 and 4 GPUs: every call of a long
 random sequence - plain sums and sums fused with the residual add + RMSNorm, row counts drawn anew each call, so
 that its programs' parities run out of step with each other - gives NCCL's result, eagerly and replayed from one
 CUDA graph with new data at every replay. The data are small integers, whose sums are exact in bf16 in any order:
@@ -49,7 +49,7 @@ def run(one_shot, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
 
 
 def rank_main(rank: int, world: int, port: int, results) -> None:
-    from verifier_service.parallel.one_shot_all_reduce import OneShotAllReduce
+    from verifier_service.sharding.one_shot_all_reduce import OneShotAllReduce
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)

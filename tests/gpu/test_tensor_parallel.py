@@ -13,7 +13,8 @@ import torch.distributed as dist
 from support.engine_runs import generate_greedy, host_syncs_per_step, top2_gap
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.engine import Engine, build_model_runner
+from verifier_service.engine.engine import Engine
+from verifier_service.runners import build_model_runner
 
 pytestmark = pytest.mark.gpu
 BLOCK = 256
@@ -66,8 +67,8 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
                                                              (4, "one-shot")])
 def test_sharded_logits_equal_one_gpu_in_bf16_eager_and_replayed(checkpoint, tensor_parallel_size, all_reduce,
                                                                   monkeypatch):
-    from verifier_service.parallel import collectives
-    from verifier_service.parallel.one_shot_all_reduce import bound_to_another_group
+    from verifier_service.sharding import collectives
+    from verifier_service.sharding.one_shot_all_reduce import bound_to_another_group
 
     needs_gpus(tensor_parallel_size)
     monkeypatch.setenv("SPECD_TENSOR_PARALLEL_ALL_REDUCE", all_reduce)  # the spawned ranks inherit it

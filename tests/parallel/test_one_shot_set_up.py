@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def rank_main(rank: int, port: int, failing_rank: int | None, results) -> None:
-    from verifier_service.parallel.one_shot_all_reduce import on_every_rank
+    from verifier_service.sharding.one_shot_all_reduce import on_every_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -46,7 +46,7 @@ def test_every_rank_gets_its_result_only_where_every_rank_succeeded(failing_rank
 def bind_twice(_rank: int) -> None:
     """In a process of its own: torch's binding outlives the process groups, and would hold this test's dead group
     for every later test of the session (tests/gpu's one-shot cases among them)."""
-    from verifier_service.parallel.one_shot_all_reduce import bound_to_another_group, enable_symmetric_memory
+    from verifier_service.sharding.one_shot_all_reduce import bound_to_another_group, enable_symmetric_memory
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)

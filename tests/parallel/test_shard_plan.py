@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from verifier_service.model.config import ModelConfig
-from verifier_service.parallel.shard import balanced_span, plan_shard
+from verifier_service.sharding.shard import balanced_span, plan_shard
 
 LLAMA_70B = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                         num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,

@@ -7,7 +7,7 @@ import torch
 from engine_model.checkpoints import TINY_CHECKPOINTS, prefill_request, random_block_tables, save_tiny_checkpoint
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.engine import build_model_runner
+from verifier_service.runners import build_model_runner
 
 BLOCK_SIZE = 4
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)

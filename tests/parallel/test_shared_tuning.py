@@ -1,5 +1,5 @@
 """Two real processes over gloo agree on kernel timings as tensor-parallel ranks do at start-up
-(verifier_service/parallel/shared_tuning.py): in lockstep every rank gets the ranks' mean timing of a
+(verifier_service/sharding/shared_tuning.py): in lockstep every rank gets the ranks' mean timing of a
 candidate, outside it each keeps its own, ranks that time different candidates fail instead of pairing
 unrelated numbers, and a rank that skipped a timing fails with its peers at the next checkpoint; a choice in
 Inductor's on-disk cache is not reused in lockstep. Inductor's autotuner needs a GPU, so `bench` here is a
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.shared_tuning import (agreeing, checkpoint, in_lockstep, share_tuning,
+from verifier_service.sharding.shared_tuning import (agreeing, checkpoint, in_lockstep, share_tuning,
                                                       tune_through_lockstep)
 
 CHECKPOINT = "checkpoint"

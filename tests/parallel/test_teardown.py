@@ -13,7 +13,7 @@ import torch.distributed as dist
 from engine_model.checkpoints import save_tiny_checkpoint
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.cuda_graphs import GraphedSteps
-from verifier_service.engine.engine import build_model_runner
+from verifier_service.runners import build_model_runner
 from verifier_service.parallel import teardown
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
 

@@ -2,7 +2,7 @@
 generate token for token, without drafts, with n-gram drafts, and with async scheduling with and without drafts
 (the step in flight's result, last token and accepted drafts, reaches rank 1 as device feedback beside the batch).
 
-SmolLM2-135M has 9 query heads in 3 KV groups: rank 0 holds two groups, rank 1 one (parallel/shard.py).
+SmolLM2-135M has 9 query heads in 3 KV groups: rank 0 holds two groups, rank 1 one (sharding/shard.py).
 """
 import dataclasses
 
@@ -14,7 +14,8 @@ from support import reference
 from support.engine_runs import run
 from support.proposers import BruteForceNgramProposer
 from verifier_service.engine.config import EngineConfig
-from verifier_service.engine.engine import Engine, build_model_runner
+from verifier_service.engine.engine import Engine
+from verifier_service.runners import build_model_runner
 
 MAX_TOKENS = 64
 TEXTS = [  # four of tests/engine/test_engine_greedy.py's prompts: the transformers results are cached on disk

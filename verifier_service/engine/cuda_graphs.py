@@ -31,7 +31,7 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.graph_inputs import GraphGeometry, pack_graph_inputs, section_sizes, step_positions
 from verifier_service.engine.greedy_verdict import decode_verdict, greedy_verdict
 from verifier_service.engine.previous_tokens import feed_previous_tokens
-from verifier_service.parallel.shared_tuning import checkpoint
+from verifier_service.sharding.shared_tuning import checkpoint
 
 
 logger = logging.getLogger(__name__)

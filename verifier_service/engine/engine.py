@@ -62,7 +62,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig, proposer: Proposer | None = None, runner=None) -> None:
         self.config = config
-        self.runner = runner if runner is not None else build_model_runner(config, proposer is not None)
+        self.runner = runner if runner is not None else _build_model_runner(config, proposer is not None)
         self.proposer = proposer
         self.vocab_size = self.runner.vocab_size
         self.device = torch.device(getattr(self.runner, "device", "cpu"))
@@ -337,17 +337,7 @@ def build_draft_policy(config: EngineConfig) -> DraftPolicy | None:
     return DraftPolicy(DraftPolicyConfig(max_batch_size=config.max_draft_batch_size, goodput=config.draft_goodput))
 
 
-def build_model_runner(config: EngineConfig, drafts: bool = True, on_rank_failure=None):
-    """The real model runner for config (imported here so engine logic loads without a model); with drafts,
-    CUDA graphs for every verify width up to the most drafts a request may get.
+def _build_model_runner(config: EngineConfig, drafts: bool):
+    from verifier_service.runners import build_model_runner  # above the engine: it may start tensor-parallel ranks
 
-    With tensor_parallel_size > 1 this is rank 0's ParallelRunner, which starts the other ranks
-    (parallel/launch.py; on_rank_failure(reason) runs when one dies or hangs).
-    """
-    if config.tensor_parallel_size > 1:
-        from verifier_service.parallel.launch import start_tensor_parallel
-
-        return start_tensor_parallel(config, drafts, on_rank_failure)
-    from verifier_service.engine.rank_runner import build_rank_runner
-
-    return build_rank_runner(config, drafts)
+    return build_model_runner(config, drafts)

@@ -6,7 +6,7 @@ Name mapping from the checkpoint to our parameters: everything keeps its Hugging
 and `lm_head.weight` is the embedding matrix when the config ties them or the checkpoint has no LM head.
 The model is built on the meta device and materialised once in the target dtype and device, so
 loading never holds a second copy of the weights. A tensor-parallel rank (`shard`) builds its part of
-the model (parallel/model.py; the loader sits above model/ and parallel/'s layers for that) and reads only its rows or columns of each tensor (safetensors slices).
+the model (sharding/model.py; the loader sits above model/ and parallel/'s layers for that) and reads only its rows or columns of each tensor (safetensors slices).
 `random_weights` skips the checkpoint's weights (only config.json is read): benchmarks of shapes too big
 to write to disk draw each rank's shard on its own device instead.
 """
@@ -21,8 +21,8 @@ from safetensors import safe_open
 
 from verifier_service.model.config import ModelConfig, load_model_config
 from verifier_service.model.decoder import CausalLM
-from verifier_service.parallel.model import ParallelCausalLM
-from verifier_service.parallel.shard import RankShard
+from verifier_service.sharding.model import ParallelCausalLM
+from verifier_service.sharding.shard import RankShard
 
 _FUSED = {  # checkpoint projection -> (our fused projection, index of its part)
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),

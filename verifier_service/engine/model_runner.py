@@ -23,9 +23,9 @@ from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
-from verifier_service.parallel.collectives import min_over_ranks, use_one_shot
-from verifier_service.parallel.one_shot_all_reduce import set_up as set_up_one_shot
-from verifier_service.parallel.shard import RankShard
+from verifier_service.sharding.collectives import min_over_ranks, use_one_shot
+from verifier_service.sharding.one_shot_all_reduce import set_up as set_up_one_shot
+from verifier_service.sharding.shard import RankShard
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 

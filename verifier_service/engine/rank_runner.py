@@ -1,7 +1,7 @@
 """One rank's model runner built from the engine's config: the model (or a tensor-parallel rank's shard of it),
 its KV cache, compiled regions and CUDA graphs.
 
-engine.build_model_runner calls it for a single-GPU verifier; with tensor parallelism every rank calls it
+runners.build_model_runner calls it for a single-GPU verifier; with tensor parallelism every rank calls it
 (parallel/rank_start.py), which is why it sits below both.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from specd.default_model import resolve_model_path
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.cuda_graphs import step_widths
 from verifier_service.engine.model_runner import ModelRunner
-from verifier_service.parallel.shard import RankShard
+from verifier_service.sharding.shard import RankShard
 
 
 def build_rank_runner(config: EngineConfig, drafts: bool = True, shard: RankShard | None = None) -> ModelRunner:

@@ -15,7 +15,7 @@ writes alone. The candidate's time is the difference of the two graphs' best rep
 graph cannot hold falls back to Inductor's own timing. Timed so, the two ranks' timings of a candidate differ by
 0.5-5% (median by kernel), and a start-up's tuning takes less time than Inductor's own.
 
-Used by tensor-parallel ranks (parallel/shared_tuning.py); a single-GPU verifier still tunes with Inductor's timing.
+Used by tensor-parallel ranks (sharding/shared_tuning.py); a single-GPU verifier still tunes with Inductor's timing.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream's add and the norm of its result: (norm(residual + x), residual + x). A sharded
-        model's norm sums x over the ranks first (parallel/layers.py: ReducingRMSNorm)."""
+        model's norm sums x over the ranks first (sharding/layers.py: ReducingRMSNorm)."""
         residual = residual + x
         return self(residual), residual
 

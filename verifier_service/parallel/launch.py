@@ -25,13 +25,13 @@ import torch.distributed as dist
 
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.model_runner import resolve_device
-from verifier_service.parallel import one_shot_all_reduce
 from verifier_service.parallel.diagnostics import register_stack_dump_signal
 from verifier_service.parallel.rank_start import join_and_build, plan_shards
 from verifier_service.parallel.runner import ParallelRunner
 from verifier_service.parallel.supervisor import RankSupervisor, hang_timeout_s
 from verifier_service.parallel.teardown import leave_process_groups
 from verifier_service.parallel.worker import run_worker
+from verifier_service.sharding import one_shot_all_reduce
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def check_devices(device: torch.device, tensor_parallel_size: int) -> None:
 
 def start_tensor_parallel(config: EngineConfig, drafts: bool = True,
                           on_failure: Callable[[str], None] | None = None) -> ParallelRunner:
-    """Rank 0's runner, ranks 1..N-1 started and loaded (drafts: as engine.build_model_runner takes it);
+    """Rank 0's runner, ranks 1..N-1 started and loaded (drafts: as runners.build_model_runner takes it);
     on_failure(reason) when one dies or hangs later."""
     size, device = config.tensor_parallel_size, resolve_device(config.device)
     check_devices(device, size)

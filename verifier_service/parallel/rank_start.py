@@ -19,8 +19,8 @@ from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.rank_runner import build_rank_runner
 from verifier_service.model.config import load_model_config
 from verifier_service.parallel.diagnostics import phase
-from verifier_service.parallel.shard import RankShard, plan_shard
-from verifier_service.parallel.shared_tuning import in_lockstep, share_tuning
+from verifier_service.sharding.shard import RankShard, plan_shard
+from verifier_service.sharding.shared_tuning import in_lockstep, share_tuning
 from verifier_service.parallel.step_channel import StepChannel
 
 logger = logging.getLogger(__name__)

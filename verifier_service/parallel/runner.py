@@ -22,7 +22,7 @@ from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.parallel.batch_codec import encode_batch
 from verifier_service.parallel.diagnostics import FIRST_STEPS_LOGGED, describe_step
-from verifier_service.parallel.shared_tuning import in_lockstep
+from verifier_service.sharding.shared_tuning import in_lockstep
 from verifier_service.parallel.step_channel import StepChannel
 from verifier_service.parallel.supervisor import RankSupervisor
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs

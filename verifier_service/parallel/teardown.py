@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from verifier_service.parallel.collectives import use_one_shot
+from verifier_service.sharding.collectives import use_one_shot
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from verifier_service.parallel.batch_codec import decode_batch
 from verifier_service.parallel.diagnostics import (FIRST_STEPS_LOGGED, describe_step, phase,
                                                    register_stack_dump_signal)
 from verifier_service.parallel.rank_start import join_and_build, plan_shards
-from verifier_service.parallel.shared_tuning import in_lockstep
+from verifier_service.sharding.shared_tuning import in_lockstep
 from verifier_service.parallel.step_channel import Step
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verifier_service.model.layers import RMSNorm
-from verifier_service.parallel.collectives import all_reduce_, all_reduce_add_rms_norm, fuses_add_rms_norm
+from verifier_service.sharding.collectives import all_reduce_, all_reduce_add_rms_norm, fuses_add_rms_norm
 
 
 class RowParallelLinear(nn.Linear):

@@ -57,7 +57,7 @@ class OneShotAllReduce:
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
-        from verifier_service.parallel.triton_one_shot import EMPTY, one_shot_kernel
+        from verifier_service.sharding.triton_one_shot import EMPTY, one_shot_kernel
 
         self.kernel = one_shot_kernel  # imported here: Triton is there only where CUDA is
         self.dtype, self.rank, self.world = dtype, dist.get_rank(), dist.get_world_size()

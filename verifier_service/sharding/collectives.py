@@ -6,7 +6,7 @@ while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it
 kernel, as nano-vllm's and vLLM's captured decode steps do), or, where start-up set one up (on CUDA unless
 SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl), the one-shot all-reduce over symmetric memory for the tensors it takes
 (one_shot_all_reduce.py). `all_reduce_add_rms_norm` is the one shot's all-reduce of a row-parallel layer's output
-together with the residual add and RMSNorm after it, in one kernel (parallel/layers.py: ReducingRMSNorm).
+together with the residual add and RMSNorm after it, in one kernel (sharding/layers.py: ReducingRMSNorm).
 """
 from __future__ import annotations
 

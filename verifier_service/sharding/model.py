@@ -14,9 +14,9 @@ from torch import nn
 from verifier_service.model.config import ModelConfig
 from verifier_service.model.decoder import CausalLM
 from verifier_service.model.layers import RMSNorm
-from verifier_service.parallel.collectives import gather_vocab
-from verifier_service.parallel.layers import ReducingRMSNorm, RowParallelLinear, VocabParallelEmbedding
-from verifier_service.parallel.shard import RankShard
+from verifier_service.sharding.collectives import gather_vocab
+from verifier_service.sharding.layers import ReducingRMSNorm, RowParallelLinear, VocabParallelEmbedding
+from verifier_service.sharding.shard import RankShard
 
 
 class ParallelCausalLM(CausalLM):
