@@ -32,8 +32,8 @@ _FELL_BACK = None  # the link's answer for a step that got no drafts
 class _PendingStep:
     """A step sent to the link process: result() reads its answer."""
 
-    def __init__(self, link: DrafterLink | None, step_id: int = 0, deadline: float = 0.0, wanted: bool = False):
-        self.link, self.step_id, self.deadline, self.wanted = link, step_id, deadline, wanted
+    def __init__(self, link: DrafterLink | None, step_id: int = 0, deadline: float = 0.0):
+        self.link, self.step_id, self.deadline = link, step_id, deadline
 
     def result(self, wait: bool = True) -> dict[str, list[int]]:
         """Drafts per request id; {} (a counted fallback) when none came by the deadline (without `wait`: now)."""
@@ -81,7 +81,7 @@ class DrafterLink:
             return _PendingStep(None)
         if not wanted:
             return _PendingStep(None)
-        return _PendingStep(self, self._step_id, time.monotonic() + self.timeout_s, wanted)
+        return _PendingStep(self, self._step_id, time.monotonic() + self.timeout_s)
 
     def _finish(self, pending: _PendingStep, wait: bool) -> dict[str, list[int]]:
         answer = self._answer(pending.step_id, pending.deadline if wait else 0.0)
