@@ -17,7 +17,7 @@ def fields_from_generate_request(message: gateway_pb2.GenerateRequest) -> Reques
     defaults."""
     sampling = {name: _client_value(message, name) for name in CLIENT_FIELDS}
     return RequestFields(prompt=message.prompt or None, prompt_token_ids=list(message.prompt_token_ids) or None,
-                         stop=list(message.stop), **sampling)
+                         stop=list(message.stop), sampling=sampling)
 
 
 def _client_value(message: gateway_pb2.GenerateRequest, name: str):

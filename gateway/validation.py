@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any, get_type_hints
 
 from gateway.request import GenerationRequest
 from gateway.tokenizer import Tokenizer
 from specd.float32 import as_float32
-from specd.sampling import (LOGIT_BIAS_RANGE, LOGPROBS_MODES, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, PENALTY_RANGE,
+from specd.sampling import (CLIENT_FIELDS, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS_ENTRIES, InvalidParameter,
                             SamplingParams, in_range)
 
 
@@ -27,36 +28,27 @@ class RequestError(ValueError):
 
 @dataclass
 class RequestFields:
-    """What a client sent, already parsed into Python types; None = not given."""
+    """What a client sent, already parsed into Python types; None = not given. The sampling fields are those of
+    specd/sampling.py's CLIENT_FIELDS, by the schema's names (`of` sorts them out of keyword arguments)."""
 
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[dict] | None = None  # chat completions: rendered with the chat template
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
     stop: list[str] | None = None
-    ignore_eos: bool = False
-    num_speculative_tokens: int | None = None
-    logprobs: int | None = None  # None = none; N = each token's logprob and the N most likely tokens
-    logprobs_mode: str | None = None  # "raw" (None) or "processed"
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | dict[int, float] | None = None  # JSON's keys are strings, gRPC's ints
+    sampling: dict[str, Any] = field(default_factory=dict)  # logit_bias keys: strings from JSON, ints from gRPC
     default_max_tokens: int | None = None  # max_tokens when not given; None = the room left in the context
     # What the client called a field where its name differs from ours (HTTP sends token ids as `prompt`,
     # and `max_completion_tokens` for max_tokens): errors name the field the client sent.
     client_names: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, **given: Any) -> RequestFields:
+        """The fields from keyword arguments, the client's sampling fields among them."""
+        sampling = {name: given.pop(name) for name in CLIENT_FIELDS if name in given}
+        return cls(sampling=sampling, **given)
+
     def name(self, field_name: str) -> str:
         return self.client_names.get(field_name, field_name)
-
-
-INT32_MAX = 2**31 - 1  # the wire type of top_k and num_speculative_tokens
 
 
 def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> GenerationRequest:
@@ -75,25 +67,32 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
                              sampling=_sampling(fields, tokenizer, len(prompt_ids), max_model_len))
 
 
+# Where the client's API differs from the schema's defaults: OpenAI samples at temperature 1 unless told otherwise.
+CLIENT_DEFAULTS = {"temperature": 1.0}
+_FLOAT_FIELDS = tuple(name for name, kind in get_type_hints(SamplingParams).items() if kind is float)
+
+
 def _sampling(fields: RequestFields, tokenizer: Tokenizer, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """The client's sampling fields checked one by one (each error naming the field as sent), defaults filled."""
-    return SamplingParams(
-        max_tokens=_max_tokens(fields, prompt_len, max_model_len),
-        temperature=_temperature(fields.temperature),
-        top_p=_top_p(fields.top_p),
-        top_k=_top_k(fields.top_k),
-        min_p=_min_p(fields.min_p),
-        seed=_seed(fields.seed),
-        ignore_eos=bool(fields.ignore_eos),
-        stop_token_ids=tokenizer.eos_token_ids,
-        num_speculative_tokens=_num_speculative_tokens(fields.num_speculative_tokens),
-        logprobs=_logprobs(fields.logprobs, fields.name("logprobs")),
-        logprobs_mode=_logprobs_mode(fields.logprobs_mode),
-        presence_penalty=_penalty(fields.presence_penalty, "presence_penalty"),
-        frequency_penalty=_penalty(fields.frequency_penalty, "frequency_penalty"),
-        repetition_penalty=_repetition_penalty(fields.repetition_penalty),
-        logit_bias=_logit_bias(fields.logit_bias, tokenizer.vocab_size),
-    )
+    """The schema's parameters from the client's sampling fields, defaults filled; the schema's own checks
+    (specd/sampling.py) hold the bounds, and an error names the field as the client sent it, with its value.
+    Only what the client's form adds is checked here: floats as the 32-bit floats they are sampled with, the
+    context's room for max_tokens, top_k -1 (vLLM's "off"), the seed's int64 wire, logit_bias's JSON keys."""
+    given = {name: value for name, value in fields.sampling.items() if value is not None}
+    values = {**CLIENT_DEFAULTS, **given}
+    for name in _FLOAT_FIELDS:
+        if name in values:
+            values[name] = _float32(values[name], fields.name(name))
+    if values.get("top_k") == -1:
+        values["top_k"] = 0
+    seed = values.get("seed")
+    _require(seed is None or 0 <= seed < 2**63, "seed", f"must be in [0, 2**63), got {seed}")
+    values["max_tokens"] = _max_tokens(given.get("max_tokens"), fields, prompt_len, max_model_len)
+    values["logit_bias"] = _logit_bias(given.get("logit_bias"), tokenizer.vocab_size)
+    try:
+        return SamplingParams(stop_token_ids=tokenizer.eos_token_ids, **values)
+    except InvalidParameter as error:
+        shown = repr(given[error.field])[:40] if error.field in given else "unset"
+        raise RequestError(fields.name(error.field), f"{error.message}, got {shown}") from None
 
 
 def validate_model_name(model: str | None, served_names: tuple[str, ...]) -> None:
@@ -168,9 +167,9 @@ def _check_prompt_length(prompt_ids: list[int], max_model_len: int, field_name: 
              "and at least one must be left to generate")
 
 
-def _max_tokens(fields: RequestFields, prompt_len: int, max_model_len: int) -> int:
+def _max_tokens(value: int | None, fields: RequestFields, prompt_len: int, max_model_len: int) -> int:
     room = max_model_len - prompt_len
-    value, field_name = fields.max_tokens, fields.name("max_tokens")
+    field_name = fields.name("max_tokens")
     if value is None:
         return room if fields.default_max_tokens is None else min(fields.default_max_tokens, room)
     _require(value >= 1, field_name, f"must be >= 1, got {value}")
@@ -184,76 +183,6 @@ def _float32(value: float, field_name: str) -> float:
     """`value` as the float32 the verifier samples with: a finite number that survives the rounding."""
     rounded = as_float32(value)
     _require(math.isfinite(rounded), field_name, f"must be a finite 32-bit float, got {value}")
-    return rounded
-
-
-def _temperature(value: float | None) -> float:
-    if value is None:
-        return 1.0
-    _require(_float32(value, "temperature") >= 0.0, "temperature", f"must be >= 0, got {value}")
-    return _float32(value, "temperature")
-
-
-def _top_p(value: float | None) -> float:
-    if value is None:
-        return 1.0
-    rounded = _float32(value, "top_p")  # 1e-46 is > 0 but rounds to 0, which would mean no filter at all
-    _require(0.0 < rounded <= 1.0, "top_p", f"must be in (0, 1] as a 32-bit float, got {value}")
-    return rounded
-
-
-def _top_k(value: int | None) -> int:
-    if value is None or value == -1:  # -1 is vLLM's "off"
-        return 0
-    _require(0 <= value <= INT32_MAX, "top_k", f"must be in [1, {INT32_MAX}], or 0 / -1 for off, got {value}")
-    return value
-
-
-def _min_p(value: float | None) -> float:
-    if value is None:
-        return 0.0
-    rounded = _float32(value, "min_p")
-    _require(0.0 <= rounded <= 1.0, "min_p", f"must be in [0, 1], got {value}")
-    return rounded
-
-
-def _seed(value: int | None) -> int | None:
-    _require(value is None or 0 <= value < 2**63, "seed", f"must be in [0, 2**63), got {value}")
-    return value
-
-
-def _num_speculative_tokens(value: int | None) -> int | None:
-    _require(value is None or 0 <= value <= INT32_MAX, "num_speculative_tokens",
-             f"must be in [0, {INT32_MAX}] (0 turns speculation off), got {value}")
-    return value
-
-
-def _logprobs(value: int | None, field_name: str) -> int | None:
-    _require(value is None or 0 <= value <= MAX_LOGPROBS, field_name,
-             f"must be in [0, {MAX_LOGPROBS}], got {value}")
-    return value
-
-
-def _logprobs_mode(value: str | None) -> str:
-    if value is None:
-        return "raw"
-    _require(value in LOGPROBS_MODES, "logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {value[:40]!r}")
-    return value
-
-
-def _penalty(value: float | None, field_name: str) -> float:
-    if value is None:
-        return 0.0
-    rounded = _float32(value, field_name)
-    _require(in_range(rounded, PENALTY_RANGE), field_name, f"must be in [-2, 2], got {value}")
-    return rounded
-
-
-def _repetition_penalty(value: float | None) -> float:
-    if value is None:
-        return 1.0
-    rounded = _float32(value, "repetition_penalty")  # 1e-46 is > 0 but rounds to 0, which divides by zero
-    _require(rounded > 0.0, "repetition_penalty", f"must be > 0 as a 32-bit float (1 = off), got {value}")
     return rounded
 
 

@@ -4,9 +4,9 @@ wire form (common.proto's SamplingParams, gateway.proto's GenerateRequest), pinn
 tests/test_sampling_schema.py.
 
 Adding a field: declare it on SamplingParams (default = the neutral value, check in __post_init__) and in both
-protos (CLIENT_FIELDS if a client sets it); both converters map it by name. A client-set field also needs its
-client-facing check (gateway/validation.py: the error names the field as the client sent it, "got" its value)
-and, for HTTP, its place in the OpenAI body (gateway/openai/schema.py).
+protos (CLIENT_FIELDS if a client sets it). Both converters map it by name, the gateway validates a client's
+value with these checks (gateway/validation.py names the field as the client sent it) and the OpenAI body takes
+it with its type from here (gateway/openai/schema.py).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap on logit_bias
 PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty and frequency_penalty, as OpenAI's
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # each logit_bias entry's bias, as OpenAI's
 SEED_LIMIT = 2**64  # seeds are in [0, SEED_LIMIT) (uint64 on the verifier's wire)
+INT32_MAX = 2**31 - 1  # top_k and num_speculative_tokens are int32 on the wire
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,10 @@ class SamplingParams:
             (self.temperature >= 0.0, "temperature", "must be >= 0"),
             # Checked as the float32 it is sampled with: 1e-46 > 0, but in float32 it is 0 and keeps no token.
             (0.0 < as_float32(self.top_p) <= 1.0, "top_p", "must be in (0, 1] as a 32-bit float"),
-            (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
+            (0 <= self.top_k <= INT32_MAX, "top_k", f"must be in [0, {INT32_MAX}] (0 = off)"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
-            (self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
-             "num_speculative_tokens", "must be >= 0"),
+            (self.num_speculative_tokens is None or 0 <= self.num_speculative_tokens <= INT32_MAX,
+             "num_speculative_tokens", f"must be in [0, {INT32_MAX}] (0 = speculation off)"),
             (self.min_ngram >= 0 and self.max_ngram >= 0, "min_ngram", "n-gram bounds must be >= 0"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
              f"must be in [0, {MAX_LOGPROBS}] (or unset for none)"),

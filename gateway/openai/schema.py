@@ -6,12 +6,13 @@ know is refused naming it (gateway/openai/unsupported.py says which OpenAI param
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from gateway.openai.choices import MAX_CHOICES
 from gateway.validation import RequestError, RequestFields
+from specd.sampling import CLIENT_FIELDS, SamplingParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
 
@@ -24,36 +25,34 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _SamplingBody(_Strict):
+# The schema's client fields (specd/sampling.py), each optional, with its type there; logprobs differs by endpoint
+# (below), and JSON keys are strings, so logit_bias maps a token id written as a string to its bias.
+_HTTP_TYPES = {"logit_bias": dict[str, float]}
+_ENDPOINT_FIELDS = ("logprobs",)
+_SamplingFields = create_model(
+    "_SamplingFields", __base__=_Strict,
+    **{name: (_HTTP_TYPES.get(name, kind) | None, None)
+       for name, kind in get_type_hints(SamplingParams).items()
+       if name in CLIENT_FIELDS and name not in _ENDPOINT_FIELDS})
+
+
+class _SamplingBody(_SamplingFields):
+    """The fields both endpoints take: the sampling fields (with specd's extensions num_speculative_tokens,
+    logprobs_mode, repetition_penalty, top_k, min_p, ignore_eos) and OpenAI's own."""
+
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None  # choices to return (gateway/openai/choices.py)
     best_of: int | None = None  # samples to choose them from, by cumulative logprob
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    ignore_eos: bool | None = None
-    num_speculative_tokens: int | None = None  # specd extension: 0 = speculation off
-    logprobs_mode: str | None = None  # specd extension: "raw" (default) or "processed"
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None  # specd extension (as vLLM's): Hugging Face's repetition penalty
-    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
     user: str | None = None  # identifies the end user to OpenAI's abuse monitoring; nothing to do here
 
     def sampling_fields(self) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
-                    ignore_eos=bool(self.ignore_eos), num_speculative_tokens=self.num_speculative_tokens,
-                    logprobs_mode=self.logprobs_mode,
-                    presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                    repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias)
+        return {name: getattr(self, name) for name in _SamplingFields.model_fields}
+
+    def stop_strings(self) -> list[str] | None:
+        return [self.stop] if isinstance(self.stop, str) else self.stop
 
     def choices(self) -> tuple[int, int]:
         """(n, best_of): how many choices to return, and how many samples to choose them from."""
@@ -89,11 +88,11 @@ class CompletionBody(_SamplingBody):
             raise RequestError("logprobs", "must be an integer (how many of the most likely tokens to list), "
                                            "not true")
         fields["logprobs"] = None if self.logprobs is False else self.logprobs
-        defaults = dict(default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
-                        client_names={"prompt_token_ids": "prompt"})
+        given = dict(stop=self.stop_strings(), sampling=fields, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                     client_names={"prompt_token_ids": "prompt"})
         if isinstance(prompt, str):
-            return RequestFields(prompt=prompt, **fields, **defaults)
-        return RequestFields(prompt_token_ids=list(prompt), **fields, **defaults)
+            return RequestFields(prompt=prompt, **given)
+        return RequestFields(prompt_token_ids=list(prompt), **given)
 
 
 class TextPart(_Strict):
@@ -130,7 +129,8 @@ class ChatCompletionBody(_SamplingBody):
         fields["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         if self.max_completion_tokens is not None:
             fields["max_tokens"], names["max_tokens"] = self.max_completion_tokens, "max_completion_tokens"
-        return RequestFields(messages=[m.for_template() for m in self.messages], client_names=names, **fields)
+        return RequestFields(messages=[m.for_template() for m in self.messages], stop=self.stop_strings(),
+                             sampling=fields, client_names=names)
 
 
 def parse_body(schema: type[_SamplingBody], data: dict) -> _SamplingBody:

@@ -1,13 +1,15 @@
 """Request validation: every bad field is refused with an error naming it; defaults are filled in."""
 import pytest
 
+from gateway.openai.schema import CompletionBody, parse_body
 from gateway.validation import RequestError, RequestFields, validate, validate_model_name
+from specd.sampling import CLIENT_FIELDS
 
 MAX_MODEL_LEN = 64
 
 
 def check(tokenizer, **fields):
-    return validate(RequestFields(**fields), tokenizer, MAX_MODEL_LEN)
+    return validate(RequestFields.of(**fields), tokenizer, MAX_MODEL_LEN)
 
 
 BAD_FIELDS = [
@@ -100,7 +102,7 @@ def test_model_name_must_be_one_the_server_serves():
 ], ids=["prompt", "stop", "content", "name"])
 def test_a_lone_surrogate_is_refused_naming_its_field(tokenizer, fields, field):
     with pytest.raises(RequestError) as error:
-        validate(RequestFields(**fields), tokenizer, 2048)
+        validate(RequestFields.of(**fields), tokenizer, 2048)
     assert error.value.field == field and "surrogate" in error.value.message
 
 
@@ -111,7 +113,7 @@ def test_text_longer_in_bytes_than_the_context_can_hold_is_refused_untokenized(t
     emoji = "🎉" * (tokenizer.max_token_chars * context // 2)  # few enough characters, too many bytes
     for fields, field in [({"prompt": emoji}, "prompt"), ({"messages": [{"role": "user", "content": emoji}]}, "messages")]:
         with pytest.raises(RequestError) as error:
-            validate(RequestFields(**fields), tokenizer, context)
+            validate(RequestFields.of(**fields), tokenizer, context)
         assert error.value.field == field and "bytes" in error.value.message
 
 
@@ -158,3 +160,19 @@ def test_penalties_default_to_off_and_logit_bias_keys_become_token_ids(tokenizer
                     logit_bias={"50": 100, "7": -100, "1": 0.1})
     assert (request.sampling.presence_penalty, request.sampling.repetition_penalty) == (-2.0, pytest.approx(1.3))
     assert request.sampling.logit_bias == {1: pytest.approx(0.1), 7: -100.0, 50: 100.0}
+
+
+# A value other than the default for every field a client sets (specd/sampling.py's CLIENT_FIELDS).
+CLIENT_VALUES = {"max_tokens": 5, "temperature": 0.5, "top_p": 0.5, "top_k": 3, "min_p": 0.25, "seed": 7,
+                 "ignore_eos": True, "num_speculative_tokens": 2, "logprobs": 3, "logprobs_mode": "processed",
+                 "presence_penalty": 0.5, "frequency_penalty": 0.25, "repetition_penalty": 1.5,
+                 "logit_bias": {"5": 1.0}}
+
+
+def test_every_client_field_reaches_the_schema_from_the_http_body(tokenizer):
+    """The OpenAI body and the validation take their fields from the schema: one added there arrives here."""
+    assert set(CLIENT_VALUES) == set(CLIENT_FIELDS)
+    body = parse_body(CompletionBody, {"prompt": "hi", **CLIENT_VALUES})
+    sampling = validate(body.request_fields(), tokenizer, MAX_MODEL_LEN).sampling
+    for name, value in CLIENT_VALUES.items():
+        assert getattr(sampling, name) == ({5: 1.0} if name == "logit_bias" else value), name
