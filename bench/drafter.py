@@ -120,7 +120,7 @@ def bench_server(num_sequences: int, length: int, steps: int, rng: random.Random
             domain.append(stepped - decoded)
             domain_cpu.append(stepped_cpu - decoded_cpu)
             handler.append(finished - started)
-            proposed += drafts.num_draft_tokens
+            proposed += drafts.num_proposed_tokens
         workload.grow()
     session.close()
     return {"sync": sync, "domain": percentiles(domain), "domain_cpu": percentiles(domain_cpu),
