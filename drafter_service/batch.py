@@ -21,7 +21,7 @@ class DraftRequest:
 
     request_id: str
     token_ids: Sequence[int]  # the whole context so far: prompt + generated tokens (do not mutate)
-    num_draft_tokens: int  # at most this many drafts are used (already capped by max_tokens / model len)
+    draft_limit: int  # the most drafts it may get this step (already capped by max_tokens / model len)
     min_ngram: int = 0  # 0 = the proposer's default
     max_ngram: int = 0
     tenant_key: str = ""  # whose memory of earlier outputs may draft it (the drafter's per-key scope)
@@ -34,7 +34,7 @@ class SequenceDelta:
     sequence_id: str
     start: int  # length the sender believes the drafter holds; 0 = new_token_ids is the whole context
     new_token_ids: Sequence[int]
-    num_draft_tokens: int  # 0 only updates state
+    draft_limit: int  # the most drafts it may get; 0 only updates state
     min_ngram: int = 0  # 0 = the drafter's default
     max_ngram: int = 0
     tenant_key: str = ""  # read where start = 0: its partition of the memory in the per-key scope
@@ -49,7 +49,7 @@ class ProposeBatch:
     starts: Sequence[int]  # see SequenceDelta.start
     new_token_counts: Sequence[int]  # how many of new_token_ids belong to each sequence
     new_token_ids: Sequence[int]  # every sequence's new tokens, concatenated in sequence order
-    num_draft_tokens: Sequence[int]  # drafts wanted; 0 only updates state
+    draft_limits: Sequence[int]  # the most drafts each may get; 0 only updates state
     min_ngrams: Sequence[int] = ()  # 0 = the drafter's default; an empty column = defaults for all
     max_ngrams: Sequence[int] = ()
     released_sequence_ids: Sequence[str] = ()  # forgotten (outputs remembered) before the sequences are applied
@@ -61,13 +61,13 @@ class ProposeBatch:
         deltas = list(deltas)
         return cls(step_id, [d.sequence_id for d in deltas], [d.start for d in deltas],
                    [len(d.new_token_ids) for d in deltas], [t for d in deltas for t in d.new_token_ids],
-                   [d.num_draft_tokens for d in deltas], [d.min_ngram for d in deltas],
+                   [d.draft_limit for d in deltas], [d.min_ngram for d in deltas],
                    [d.max_ngram for d in deltas], released_sequence_ids, [d.tenant_key for d in deltas])
 
     def column_error(self) -> tuple[str, str] | None:
         """(column, what is wrong) when the columns do not line up, else None."""
         count = len(self.sequence_ids)
-        for name in ("starts", "new_token_counts", "num_draft_tokens"):
+        for name in ("starts", "new_token_counts", "draft_limits"):
             if len(getattr(self, name)) != count:
                 return name, "needs one entry per sequence_ids entry"
         for name in ("min_ngrams", "max_ngrams", "tenant_keys"):
@@ -93,7 +93,7 @@ class DraftBatch:
 
     @property
     def num_proposed_tokens(self) -> int:
-        """Drafts proposed in all (each sequence's ask, num_draft_tokens, is the most it gets)."""
+        """Drafts proposed in all (each sequence gets at most its draft limit)."""
         return len(self.draft_token_ids)
 
     def drafts(self) -> list[list[int]]:

@@ -66,7 +66,7 @@ def _step_to_pb(step: _Step) -> drafter_pb2.ProposeRequest:
         starts=step.starts,
         new_token_counts=[end - start for start, end in zip(step.starts, step.ends)],
         new_token_ids=new_token_ids,
-        num_draft_tokens=[r.num_draft_tokens for r in requests],
+        draft_limits=[r.draft_limit for r in requests],
         min_ngrams=[r.min_ngram for r in requests],
         max_ngrams=[r.max_ngram for r in requests],
         tenant_keys=[r.tenant_key if start == 0 else "" for r, start in zip(requests, step.starts)],
@@ -158,7 +158,7 @@ class DrafterClient:
             return _PendingStep(self, [], fallback=True)
 
     def _begin(self, requests: list[DraftRequest]) -> _PendingStep:
-        wanted = any(r.num_draft_tokens > 0 for r in requests)
+        wanted = any(r.draft_limit > 0 for r in requests)
         if not requests:
             return _PendingStep(self, [])
         stream = self._current_stream()

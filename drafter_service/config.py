@@ -28,7 +28,7 @@ class DrafterConfig:
     tls: TlsConfig | None = None
     min_ngram: int = 1  # default shortest suffix to match
     max_ngram: int = 4  # default longest suffix to match, and the longest one indexed
-    max_draft_tokens: int = MAX_DRAFT_TOKENS  # cap on a request's num_draft_tokens (a bigger ask gets this many)
+    max_draft_tokens: int = MAX_DRAFT_TOKENS  # cap on a sequence's draft_limit (a bigger one gets this many)
     max_tokens_held: int = 4_000_000  # all sequences together; least recently used ones are evicted
     # The memory of earlier outputs (drafter_service/memory.py): what it may be shared across (global: every
     # request; per-key: requests of one tenant key; off: none), and its size; the oldest half is dropped
@@ -36,7 +36,7 @@ class DrafterConfig:
     memory_scope: str = "global"
     max_memory_tokens: int = 1_000_000
     # A draft stops before the token whose estimated chance of being accepted (with all before it) is
-    # below this (drafter_service/evidence.py); 0 = always up to the request's num_draft_tokens.
+    # below this (drafter_service/evidence.py); 0 = always up to the sequence's draft_limit.
     min_draft_probability: float = 0.15
     # "evidence": the rule above; "ngram": plain prompt lookup, always k tokens from the own context (ngram.py),
     # the drafter before memory and evidence, kept for comparison (bench/acceptance.py).

@@ -18,7 +18,7 @@ def batch_from_pb(request: drafter_pb2.ProposeRequest) -> ProposeBatch:
         starts=request.starts,
         new_token_counts=request.new_token_counts,
         new_token_ids=request.new_token_ids,
-        num_draft_tokens=request.num_draft_tokens,
+        draft_limits=request.draft_limits,
         min_ngrams=request.min_ngrams,
         max_ngrams=request.max_ngrams,
         released_sequence_ids=request.released_sequence_ids,

@@ -63,7 +63,7 @@ class DrafterLink:
 
     def begin_propose(self, requests: Sequence[DraftRequest]) -> _PendingStep:
         """Sends the step's new tokens and questions to the link process now (one pipe message); never raises."""
-        wanted = any(r.num_draft_tokens > 0 for r in requests)
+        wanted = any(r.draft_limit > 0 for r in requests)
         if not requests or not self._usable():
             self.num_fallbacks += wanted
             return _PendingStep(None)
@@ -73,7 +73,7 @@ class DrafterLink:
             end = len(r.token_ids)
             start = self._sent.get(r.request_id, 0)
             start = start if start <= end else 0  # the context shrank: afresh
-            rows.append((r.request_id, start, list(r.token_ids[start:end]), r.num_draft_tokens, r.min_ngram,
+            rows.append((r.request_id, start, list(r.token_ids[start:end]), r.draft_limit, r.min_ngram,
                          r.max_ngram, r.tenant_key))
             self._sent[r.request_id] = end
         if not self._send(("step", self._step_id, rows)):
@@ -203,10 +203,10 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
 def _requests(contexts: dict[str, list[int]], rows) -> list[DraftRequest]:
     """The step's DraftRequests, each context brought up to date with the tokens sent."""
     requests = []
-    for request_id, start, new_tokens, num_draft_tokens, min_ngram, max_ngram, tenant_key in rows:
+    for request_id, start, new_tokens, draft_limit, min_ngram, max_ngram, tenant_key in rows:
         tokens = contexts.setdefault(request_id, [])
         if start < len(tokens):  # sent afresh: a new list, since the client may still read the old one
             tokens = contexts[request_id] = tokens[:start]
         tokens += new_tokens
-        requests.append(DraftRequest(request_id, tokens, num_draft_tokens, min_ngram, max_ngram, tenant_key))
+        requests.append(DraftRequest(request_id, tokens, draft_limit, min_ngram, max_ngram, tenant_key))
     return requests

@@ -26,7 +26,7 @@ class LocalProposer:
         self.proposed_tokens = [0, 0]  # draft tokens proposed so far, from (own contexts, the memory)
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
-        """Drafts per request id; requests with num_draft_tokens == 0 only update the store."""
+        """Drafts per request id; requests with draft_limit 0 only update the store."""
         deltas = [self._delta(request) for request in requests]
         reply = self.store.propose_batch(_SESSION, ProposeBatch.from_deltas(0, deltas))
         for request_id in reply.resync_sequence_ids:  # evicted: send it whole next time
@@ -41,7 +41,7 @@ class LocalProposer:
         if held > len(tokens) or (held and tokens[held - 1] != last):
             held = 0  # the context was rewritten: start afresh
         self._sent[request.request_id] = (len(tokens), tokens[-1] if tokens else None)
-        return SequenceDelta(request.request_id, held, tokens[held:], request.num_draft_tokens,
+        return SequenceDelta(request.request_id, held, tokens[held:], request.draft_limit,
                              request.min_ngram, request.max_ngram, request.tenant_key)
 
     def release(self, request_ids: Sequence[str]) -> None:

@@ -82,14 +82,14 @@ public:
     // Returns (draft_counts, draft_token_ids concatenated, positions of sequences to re-sync,
     // draft tokens copied from the memory, [n] = sequences that asked and got n tokens).
     py::tuple propose_batch(uint64_t session, py::handle sequence_ids, py::handle starts,
-                            py::handle new_token_counts, py::handle new_token_ids, py::handle num_draft_tokens,
+                            py::handle new_token_counts, py::handle new_token_ids, py::handle draft_limits,
                             py::handle min_ngrams, py::handle max_ngrams, py::handle tenant_keys) {
         const auto ids = str_column(sequence_ids, "sequence_ids");
         const auto start = int_column<int64_t>(starts, "starts", 0, INT64_MAX);
         // uint32 on the wire; so bounded, the sum in check_columns cannot wrap
         const auto counts = int_column<int64_t>(new_token_counts, "new_token_counts", 0, UINT32_MAX);
         const auto tokens = int_column<int32_t>(new_token_ids, "new_token_ids", INT32_MIN, INT32_MAX);
-        const auto ks = int_column<int64_t>(num_draft_tokens, "num_draft_tokens", 0, INT64_MAX);
+        const auto ks = int_column<int64_t>(draft_limits, "draft_limits", 0, INT64_MAX);
         const auto mins = int_column<int64_t>(min_ngrams, "min_ngrams", 0, INT64_MAX);
         const auto maxs = int_column<int64_t>(max_ngrams, "max_ngrams", 0, INT64_MAX);
         const auto keys = str_column(tenant_keys, "tenant_keys");
@@ -175,7 +175,7 @@ private:
     void check_columns(size_t n, size_t starts, const std::vector<int64_t>& counts, size_t tokens,
                        size_t ks, size_t mins, size_t maxs, size_t keys) const {
         if (starts != n || counts.size() != n || ks != n)
-            throw py::value_error("sequence columns: starts, new_token_counts and num_draft_tokens need "
+            throw py::value_error("sequence columns: starts, new_token_counts and draft_limits need "
                                   "one entry per sequence_ids entry");
         if ((mins != 0 && mins != n) || (maxs != 0 && maxs != n) || (keys != 0 && keys != n))
             throw py::value_error("min_ngrams, max_ngrams, tenant_keys: need one entry per sequence, or none");

@@ -77,21 +77,21 @@ class NgramIndex:
             end = previous.get(end, NO_OCCURRENCE)
         return found
 
-    def propose(self, num_draft_tokens: int, min_n: int | None = None,
+    def propose(self, limit: int, min_n: int | None = None,
                 max_n: int | None = None) -> list[int]:
-        """Prompt lookup (module docstring): up to num_draft_tokens drafts; [] when nothing matches.
+        """Prompt lookup (module docstring): up to `limit` drafts; [] when nothing matches.
 
         min_n / max_n narrow the search (None = the index's bounds); bounds outside the indexed
         range are clamped to it, since n-grams of other lengths were never indexed.
         """
-        if num_draft_tokens <= 0:
+        if limit <= 0:
             return []
         low = self.min_n if min_n is None else max(min_n, self.min_n)
         high = self.max_n if max_n is None else min(max_n, self.max_n)
         for n in range(min(high, len(self.tokens) - 1), low - 1, -1):
             found = self.occurrences(n, 1)
             if found:
-                return self.copy_from(found[0], num_draft_tokens)
+                return self.copy_from(found[0], limit)
         return []
 
     def copy_from(self, start: int, count: int) -> list[int]:

@@ -88,7 +88,7 @@ class SequenceStore:
         config = self.config
         result = DraftBatch(batch.step_id, draft_length_counts=[0] * (config.max_draft_tokens + 1))
         tokens, position = batch.new_token_ids, 0
-        columns = zip(batch.sequence_ids, batch.starts, batch.new_token_counts, batch.num_draft_tokens,
+        columns = zip(batch.sequence_ids, batch.starts, batch.new_token_counts, batch.draft_limits,
                       batch.min_ngrams or repeat(0), batch.max_ngrams or repeat(0), batch.tenant_keys or repeat(""))
         for sequence_id, start, count, k, min_ngram, max_ngram, tenant_key in columns:
             held = self.apply((session, sequence_id), start, tokens[position:position + count], tenant_key)

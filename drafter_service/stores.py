@@ -40,7 +40,7 @@ class NativeSequenceStore:
         """Apply every delta and propose, in order, in one native call."""
         counts, drafts, resync_positions, memory_draft_tokens, length_counts = self._store.propose_batch(
             session, batch.sequence_ids, batch.starts, batch.new_token_counts, batch.new_token_ids,
-            batch.num_draft_tokens, batch.min_ngrams, batch.max_ngrams, batch.tenant_keys)
+            batch.draft_limits, batch.min_ngrams, batch.max_ngrams, batch.tenant_keys)
         ids = batch.sequence_ids
         return DraftBatch(batch.step_id, counts, drafts, [ids[i] for i in resync_positions],
                           memory_draft_tokens, length_counts)

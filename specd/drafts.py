@@ -3,7 +3,11 @@ options, the verifier's engine config and the drafter so that no two of them can
 
 Names for the count, each with one meaning: `num_speculative_tokens` (k) is what a request or the service asks
 for per step; `max_speculative_tokens` caps that ask (--max-speculative-tokens; CUDA graphs are captured for every
-step width up to it + 1); `max_draft_tokens` is the drafter's cap on what it proposes for one sequence and step.
+step width up to it + 1; the engine config's `speculative_tokens_limit` is that cap resolved); a sequence's
+`draft_limit` is the most drafts the verifier asks of the drafter for it in one step (the KV slots it holds for
+them, `num_draft_slots`); `max_draft_tokens` is the drafter's cap on any draft limit; `num_draft_tokens` counts
+draft tokens scored (per scheduled entry, per step, per request, and the metric
+specd_spec_decode_num_draft_tokens_total).
 """
 from __future__ import annotations
 

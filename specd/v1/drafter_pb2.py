@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specd/v1/drafter.proto\x12\x08specd.v1\"\xf4\x01\n\x0eProposeRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x1d\n\x15released_sequence_ids\x18\x03 \x03(\t\x12\x14\n\x0csequence_ids\x18\x04 \x03(\t\x12\x0e\n\x06starts\x18\x05 \x03(\x04\x12\x18\n\x10new_token_counts\x18\x06 \x03(\r\x12\x15\n\rnew_token_ids\x18\x07 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x08 \x03(\r\x12\x12\n\nmin_ngrams\x18\t \x03(\r\x12\x12\n\nmax_ngrams\x18\n \x03(\r\x12\x13\n\x0btenant_keys\x18\x0b \x03(\tJ\x04\x08\x02\x10\x03\"t\n\x0fProposeResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x14\n\x0c\x64raft_counts\x18\x03 \x03(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\x05\x12\x1b\n\x13resync_sequence_ids\x18\x05 \x03(\tJ\x04\x08\x02\x10\x03\x32M\n\x07\x44rafter\x12\x42\n\x07Propose\x12\x18.specd.v1.ProposeRequest\x1a\x19.specd.v1.ProposeResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specd/v1/drafter.proto\x12\x08specd.v1\"\xf0\x01\n\x0eProposeRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x1d\n\x15released_sequence_ids\x18\x03 \x03(\t\x12\x14\n\x0csequence_ids\x18\x04 \x03(\t\x12\x0e\n\x06starts\x18\x05 \x03(\x04\x12\x18\n\x10new_token_counts\x18\x06 \x03(\r\x12\x15\n\rnew_token_ids\x18\x07 \x03(\x05\x12\x14\n\x0c\x64raft_limits\x18\x08 \x03(\r\x12\x12\n\nmin_ngrams\x18\t \x03(\r\x12\x12\n\nmax_ngrams\x18\n \x03(\r\x12\x13\n\x0btenant_keys\x18\x0b \x03(\tJ\x04\x08\x02\x10\x03\"t\n\x0fProposeResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x14\n\x0c\x64raft_counts\x18\x03 \x03(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\x05\x12\x1b\n\x13resync_sequence_ids\x18\x05 \x03(\tJ\x04\x08\x02\x10\x03\x32M\n\x07\x44rafter\x12\x42\n\x07Propose\x12\x18.specd.v1.ProposeRequest\x1a\x19.specd.v1.ProposeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specd.v1.drafter_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROPOSEREQUEST']._serialized_start=37
-  _globals['_PROPOSEREQUEST']._serialized_end=281
-  _globals['_PROPOSERESPONSE']._serialized_start=283
-  _globals['_PROPOSERESPONSE']._serialized_end=399
-  _globals['_DRAFTER']._serialized_start=401
-  _globals['_DRAFTER']._serialized_end=478
+  _globals['_PROPOSEREQUEST']._serialized_end=277
+  _globals['_PROPOSERESPONSE']._serialized_start=279
+  _globals['_PROPOSERESPONSE']._serialized_end=395
+  _globals['_DRAFTER']._serialized_start=397
+  _globals['_DRAFTER']._serialized_end=474
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ def answer(**contexts):
 
 
 def request(request_id, tokens, k=4):
-    return DraftRequest(request_id, list(tokens), num_draft_tokens=k)
+    return DraftRequest(request_id, list(tokens), draft_limit=k)
 
 
 def propose_until_answered(link, requests, timeout=60.0):

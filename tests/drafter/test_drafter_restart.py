@@ -29,7 +29,7 @@ def test_a_killed_drafter_means_counted_fallbacks_then_recovery_on_the_same_port
     port = free_port()
     tokens = [11, 12, 13, 11, 12]
     want = NgramIndex(1, 4, tokens).propose(4)
-    requests = [DraftRequest("a", tokens, num_draft_tokens=4)]
+    requests = [DraftRequest("a", tokens, draft_limit=4)]
     process = start_drafter_process(port)
     client = DrafterClient(f"127.0.0.1:{port}", timeout_s=1.0)
     try:

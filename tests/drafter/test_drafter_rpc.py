@@ -34,7 +34,7 @@ def expected(tokens, k=4):
 
 
 def request(request_id, tokens, k=4):
-    return DraftRequest(request_id, tokens, num_draft_tokens=k)
+    return DraftRequest(request_id, tokens, draft_limit=k)
 
 
 def propose_until_connected(client, requests, timeout=20.0):
@@ -131,7 +131,7 @@ def test_a_reply_that_arrived_while_the_step_ran_is_used_after_its_deadline(draf
     (dict(new_token_counts=[1], new_token_ids=[1], tenant_keys=["k" * 129]), "tenant_keys"),
 ])
 def test_bad_columns_are_refused_with_invalid_argument_naming_them(drafter, columns, field):
-    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], num_draft_tokens=[4], **columns)
+    bad = drafter_pb2.ProposeRequest(step_id=1, sequence_ids=["a"], starts=[0], draft_limits=[4], **columns)
     with grpc.insecure_channel(drafter.address) as channel:
         with pytest.raises(grpc.RpcError) as error:
             list(drafter_pb2_grpc.DrafterStub(channel).Propose(iter([bad]), timeout=5))

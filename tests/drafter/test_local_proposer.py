@@ -31,15 +31,15 @@ def test_drafts_follow_each_growing_context_like_a_fresh_store(backend):
     for _ in range(40):
         for tokens in contexts.values():
             tokens.extend(rng.randrange(4) for _ in range(rng.randrange(1, 4)))
-        drafts = proposer.propose([DraftRequest(i, t, num_draft_tokens=3) for i, t in contexts.items()])
+        drafts = proposer.propose([DraftRequest(i, t, draft_limit=3) for i, t in contexts.items()])
         assert drafts == {i: fresh_drafts(t, 3, backend=backend) for i, t in contexts.items()}
 
 
 def test_a_rewritten_context_is_sent_whole_again(backend):
     proposer = LocalProposer(WITHOUT_MEMORY, backend)
-    proposer.propose([DraftRequest("r", [1, 2, 3, 1, 2], num_draft_tokens=2)])
+    proposer.propose([DraftRequest("r", [1, 2, 3, 1, 2], draft_limit=2)])
     rewritten = [4, 5, 6, 7, 4, 5, 6, 7, 4, 5]
-    assert proposer.propose([DraftRequest("r", rewritten, num_draft_tokens=2)]) == {"r": [6, 7]}
+    assert proposer.propose([DraftRequest("r", rewritten, draft_limit=2)]) == {"r": [6, 7]}
     assert proposer.store.held_tokens(0, "r") == rewritten
 
 

@@ -115,7 +115,7 @@ def test_native_and_python_stores_answer_every_batch_alike_and_as_the_rules_say(
             if last and sequence_id not in native.resync_sequence_ids and held is not None:
                 low = max(batch.min_ngrams[position] or config.min_ngram, 1)
                 high = min(batch.max_ngrams[position] or config.max_ngram, config.max_ngram)
-                k = min(batch.num_draft_tokens[position], config.max_draft_tokens)
+                k = min(batch.draft_limits[position], config.max_draft_tokens)
                 expected = brute_force_draft(held, reference.memory, reference.partition(which, sequence_id), k,
                                              low, high, config) if k and low <= high else []
                 assert draft == expected
@@ -136,7 +136,7 @@ def test_a_long_context_drafts_like_the_reference_at_every_step():
     context = [i % 97 for i in range(3000)] + [5, 6, 7, 8, 5, 6]
     session.step(ProposeBatch.from_deltas(0, [SequenceDelta("s", 0, context, 0)]))
     for step_id, token in enumerate([7, 8, 1, 2, 3, 1, 2], start=1):
-        delta = SequenceDelta("s", len(context), [token], num_draft_tokens=6)
+        delta = SequenceDelta("s", len(context), [token], draft_limit=6)
         reply = session.step(ProposeBatch.from_deltas(step_id, [delta]))
         context.append(token)
         assert reply.drafts() == [brute_force_propose(context, 6, 1, 4)]

@@ -73,7 +73,7 @@ def test_a_sequence_bigger_than_the_budget_is_not_held():
 
 
 def _delta(sequence_id, start, tokens, k=2):
-    return SequenceDelta(sequence_id, start, tokens, num_draft_tokens=k)
+    return SequenceDelta(sequence_id, start, tokens, draft_limit=k)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -98,9 +98,9 @@ def test_a_batch_answers_every_sequence_in_order_with_request_bounds_and_a_draft
     session = drafter.open_session()
     batch = ProposeBatch.from_deltas(7, [
         _delta("b", 0, [4, 5, 6, 4, 5], k=10),  # capped at 3
-        SequenceDelta("a", 0, [1, 2, 9, 2], num_draft_tokens=2, min_ngram=2),  # "9 2" needs n=1
+        SequenceDelta("a", 0, [1, 2, 9, 2], draft_limit=2, min_ngram=2),  # "9 2" needs n=1
         _delta("c", 0, [1, 2, 1], k=0),  # state only
-        SequenceDelta("d", 0, [1, 2, 3, 1, 2], num_draft_tokens=2, max_ngram=1),  # "2" -> 3
+        SequenceDelta("d", 0, [1, 2, 3, 1, 2], draft_limit=2, max_ngram=1),  # "2" -> 3
     ])
     reply = session.step(batch)
     assert reply.step_id == 7 and reply.resync_sequence_ids == []

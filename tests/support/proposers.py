@@ -21,7 +21,7 @@ class _RecordingProposer:
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
         self.num_calls += 1
-        drafts = {r.request_id: self._draft(r)[:r.num_draft_tokens] for r in requests}
+        drafts = {r.request_id: self._draft(r)[:r.draft_limit] for r in requests}
         self.num_proposed += sum(map(len, drafts.values()))
         return drafts
 
@@ -42,7 +42,7 @@ class OracleProposer(_RecordingProposer):
     def _draft(self, request: DraftRequest) -> list[int]:
         reference = self.references.get(request.request_id, [])
         context = len(request.token_ids)
-        return reference[context:context + request.num_draft_tokens]
+        return reference[context:context + request.draft_limit]
 
 
 class AdversarialProposer(OracleProposer):
@@ -62,7 +62,7 @@ class AdversarialProposer(OracleProposer):
         right = super()._draft(request)
         wrong_from = 0 if self.num_speculative_tokens is None else max(0, len(right) - self.num_speculative_tokens)
         wrong = [(t + 1) % self.vocab_size for t in right[wrong_from:]]
-        return right[:wrong_from] + wrong or [0] * request.num_draft_tokens
+        return right[:wrong_from] + wrong or [0] * request.draft_limit
 
 
 class BruteForceNgramProposer(_RecordingProposer):
@@ -79,7 +79,7 @@ class BruteForceNgramProposer(_RecordingProposer):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == suffix:
-                    return tokens[start + n:start + n + request.num_draft_tokens]
+                    return tokens[start + n:start + n + request.draft_limit]
         return []
 
 
