@@ -7,7 +7,10 @@ repeat HumanEval code, a self-refinement loop on HumanEval problems, a templated
 standard-library docs; 24 requests each), then replays them (propose up to k, accept the longest prefix that
 equals the recording, plus one token) through:
 - specd n-gram: the drafter's first rule (prompt lookup, k drafts whenever anything matches);
-- specd: the drafter's evidence rule with its memory of earlier outputs (global scope; also without).
+- specd: the drafter's evidence rule with its memory of earlier outputs (global scope; also without);
+- with --tree-budgets: draft trees of those node budgets (drafter_service/tree.py, not served yet), at the
+  drafter's chance threshold and at 0.05, and the tree ceiling: every candidate's whole continuation, which
+  accepts what the best single candidate would in hindsight. Compare rows at equal drafts/step.
 specd runs in-process on the store the drafter service uses (native when built). Propose time is per call at
 batch 1, Python overhead included. bench/engine.py and bench/serve.py take their recorded workloads from here.
 
@@ -34,6 +37,8 @@ from pathlib import Path
 from bench.workload import WORKLOADS, Turn
 from drafter_service.config import DrafterConfig
 from drafter_service.local import LocalProposer
+from drafter_service.state import SequenceStore
+from drafter_service.tree import DraftTree
 from specd import environment
 from verifier_service.engine.proposer import DraftRequest, Proposer
 
@@ -154,6 +159,33 @@ def replay(proposer: Proposer, recordings: list[Recording], k: int) -> ReplayRes
     return result
 
 
+def replay_tree(config: DrafterConfig, recordings: list[Recording], budget: int, depth: int,
+                threshold: float | None = None) -> ReplayResult:
+    """Every recording with a draft tree of at most `budget` nodes and `depth` levels a step (drafter_service/
+    tree.py, on the Python store; `threshold` as its draft_tree's): the step accepts the tree's longest path
+    that equals the recording."""
+    store, result = SequenceStore(config), ReplayResult()
+    for number, recording in enumerate(recordings):
+        key, output = f"replay-{number}", recording.output_token_ids
+        store.apply(key, 0, list(recording.prompt_token_ids) + output[:1])
+        held, emitted, result.steps = len(recording.prompt_token_ids) + 1, 1, result.steps + 1
+        while emitted < len(output):
+            levels = min(depth, len(output) - emitted - 1)
+            started = time.perf_counter()
+            tree = store.draft_tree(key, budget, levels, threshold) if levels > 0 else DraftTree()
+            result.propose_seconds += time.perf_counter() - started
+            result.propose_calls += 1
+            accepted = len(tree.accepted_path(output[emitted:emitted + levels]))
+            store.apply(key, held, output[emitted:emitted + accepted + 1])
+            held, emitted = held + accepted + 1, emitted + accepted + 1
+            result.steps += 1
+            result.proposed += len(tree)
+            result.accepted += accepted
+        result.tokens += len(output)
+        store.release(key)
+    return result
+
+
 DRAFTERS = {  # name -> a factory of fresh proposers (memory starts empty for every workload and k)
     "specd n-gram": lambda: LocalProposer(DrafterConfig(drafting="ngram", memory_scope="off")),
     "specd, memory off": lambda: LocalProposer(DrafterConfig(memory_scope="off")),
@@ -161,13 +193,25 @@ DRAFTERS = {  # name -> a factory of fresh proposers (memory starts empty for ev
 }
 
 
+def tree_rows(budgets: list[int]) -> list[tuple[str, int, float | None]]:
+    """(row name, node budget, chance threshold) of the draft trees replayed (depth: the largest k): each budget
+    at the drafter's threshold and at a low one, then the hindsight ceiling (every candidate's whole
+    continuation: a tree accepts what the best of its candidates would)."""
+    rows = [("specd tree", budget, None) for budget in budgets]
+    rows += [("specd tree, chance>=0.05", budget, 0.05) for budget in budgets]
+    return rows + [("tree ceiling", 10**6, 0.0)] if budgets else rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", default="4,8,16")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--tree-budgets", default="", help="node budgets of draft trees to replay beside the "
+                        "chains (depth: the largest k), e.g. 8,16,32; the k column then shows the budget")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
+    budgets = [int(b) for b in args.tree_budgets.split(",") if b]
     print(f"{'workload':12s} {'k':>3s} {'drafter':24s} {'tokens/step':>11s} {'drafts/step':>11s} "
           f"{'accepted/proposed':>17s} {'propose us':>10s} {'vs n-gram':>9s}")
     for workload in args.workloads.split(","):
@@ -178,6 +222,14 @@ def main() -> None:
             for name, r in results.items():
                 print(f"{workload:12s} {k:3d} {name:24s} {r.tokens_per_step:11.2f} {r.proposed_per_step:11.2f} "
                       f"{r.acceptance:17.2f} {r.propose_us:10.1f} {r.tokens_per_step / baseline:8.2f}x")
+        if budgets:  # the chain at the trees' low threshold, for rows at equal drafts/step
+            r = replay(LocalProposer(DrafterConfig(min_draft_probability=0.05)), recordings, max(ks))
+            print(f"{workload:12s} {max(ks):3d} {'specd, chance>=0.05':24s} {r.tokens_per_step:11.2f} "
+                  f"{r.proposed_per_step:11.2f} {r.acceptance:17.2f} {r.propose_us:10.1f} {'':>9s}")
+        for name, budget, threshold in tree_rows(budgets):
+            r = replay_tree(DrafterConfig(), recordings, budget, max(ks), threshold)
+            print(f"{workload:12s} {budget if budget < 1000 else 'all':>3} {name:24s} {r.tokens_per_step:11.2f} "
+                  f"{r.proposed_per_step:11.2f} {r.acceptance:17.2f} {r.propose_us:10.1f} {'':>9s}")
         print()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
-from drafter_service import evidence
+from drafter_service import evidence, tree
 from drafter_service.batch import DraftBatch, ProposeBatch
 from drafter_service.config import DrafterConfig
 from drafter_service.memory import OutputMemory
@@ -124,6 +124,25 @@ class SequenceStore:
         chosen, source = evidence.better(from_context, from_memory)
         return chosen.tokens, source
 
+    def draft_tree(self, key: Hashable, budget: int, depth: int, threshold: float | None = None,
+                   candidates: int = tree.CANDIDATES) -> tree.DraftTree:
+        """A draft tree (tree.py) of at most `budget` nodes and `depth` levels for a held sequence, from the
+        latest `candidates` occurrences of its suffix in its context and in the memory; nodes of a chance
+        below `threshold` (None: the drafter's min_draft_probability) are left out."""
+        held, config = self._held.get(key), self.config
+        if held is None:
+            return tree.DraftTree()
+        context, low, high = held.index.tokens, config.min_ngram, config.max_ngram
+        sources = [(_context_occurrences(held.index, low, high, depth, candidates), evidence.context_prior)]
+        if config.memory_scope != "off":
+            lowest = max(low, evidence.MIN_MEMORY_MATCH)
+            remembered = next((found for n in range(min(high, len(context)), lowest - 1, -1)
+                               if (found := self.memory.occurrences(held.partition, context, n, candidates, depth))),
+                              [])
+            sources.append((remembered, evidence.memory_prior))
+        threshold = config.min_draft_probability if threshold is None else threshold
+        return tree.build_tree(context, sources, budget, depth, threshold)
+
     def release_sequences(self, session: int, sequence_ids: Sequence[str]) -> None:
         """Forget some of a session's sequences (finished or aborted: their outputs are remembered)."""
         for sequence_id in sequence_ids:
@@ -152,11 +171,12 @@ class SequenceStore:
             self.num_evicted += 1
 
 
-def _context_occurrences(index: NgramIndex, low: int, high: int, k: int) -> list[evidence.Occurrence]:
+def _context_occurrences(index: NgramIndex, low: int, high: int, k: int,
+                         candidates: int = evidence.CANDIDATES) -> list[evidence.Occurrence]:
     """The latest occurrences of the context's longest suffix in [low, high] that occurred before."""
     tokens = index.tokens
     for n in range(min(high, len(tokens) - 1), low - 1, -1):
-        ends = index.occurrences(n, evidence.CANDIDATES)
+        ends = index.occurrences(n, candidates)
         if ends:
             return [evidence.Occurrence(tokens[max(end - evidence.MAX_MATCH, 0):end], tokens[end:end + k],
                                         periodic=True) for end in ends]
