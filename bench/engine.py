@@ -4,6 +4,7 @@ same prompts and model, batch 1, in one run (CPU by default).
 
 Usage: python -m bench.engine [--num-prompts 8] [--max-tokens 128] [--k 8] [--device cpu]
                               [--workload humaneval|repeat-code|self-refine|extract] [--adaptive-drafting on|off]
+                              [--dtype float32|bfloat16] [--deterministic]
 Prompts: by default third-party code (HumanEval, or standard-library sources) that the prompt asks to
 repeat, so n-gram drafts hit, as they do in everyday "fix / repeat this code" requests, with
 --max-tokens new tokens each (EOS ignored). The other workloads are bench/acceptance.py's
@@ -16,6 +17,7 @@ request off after rejections; the drafter's evidence decides how many slots it f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -99,18 +101,21 @@ def main() -> None:
     parser.add_argument("--workload", default="humaneval", choices=["humaneval", *WORKLOADS])
     parser.add_argument("--adaptive-drafting", default="on", choices=("on", "off"))
     parser.add_argument("--skip-hf", action="store_true", help="only the engine's methods")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--deterministic", action="store_true",
+                        help="also the engine in the deterministic mode (batch-invariant kernels), off and drafting")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     path = resolve_model_path("default")
     tokenizer = AutoTokenizer.from_pretrained(path)
     description, requests, recorded = bench_requests(args, tokenizer)
-    config = EngineConfig(model="default", device=args.device, dtype="float32", num_speculative_tokens=args.k,
+    config = EngineConfig(model="default", device=args.device, dtype=args.dtype, num_speculative_tokens=args.k,
                           adaptive_drafting=args.adaptive_drafting == "on")
     runner = build_model_runner(config)
     methods = {}
     if not args.skip_hf:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
         methods["HF generate"] = lambda p, params: run_hf(model, p, params, 0)
         methods[f"HF generate, prompt lookup {args.hf_lookup}"] = lambda p, params: run_hf(model, p, params, args.hf_lookup)
     engines = {}
@@ -120,10 +125,17 @@ def main() -> None:
                            (f"specd engine, drafter k={args.k}", LocalProposer(DrafterConfig()))]:
         engine = engines[name] = Engine(config, proposer=proposer, runner=runner)
         methods[name] = lambda p, params, engine=engine: run_engine(engine, p, params)
+    if args.deterministic:
+        deterministic = dataclasses.replace(config, deterministic=True)
+        deterministic_runner = build_model_runner(deterministic)
+        for name, proposer in [("deterministic, no speculation", None),
+                               (f"deterministic, drafter k={args.k}", LocalProposer(DrafterConfig()))]:
+            engine = engines[name] = Engine(deterministic, proposer=proposer, runner=deterministic_runner)
+            methods[name] = lambda p, params, engine=engine: run_engine(engine, p, params)
     results = measure(methods, requests)
     lengths = [len(p) for p, _ in requests]
     print(f"workload: {description}; {len(requests)} prompts of {min(lengths)}-{max(lengths)} tokens, batch 1, "
-          f"{args.device}, {args.threads} threads, float32, adaptive drafting {args.adaptive_drafting}")
+          f"{args.device}, {args.threads} threads, {args.dtype}, adaptive drafting {args.adaptive_drafting}")
     reference_name = "HF generate" if not args.skip_hf else "specd engine, no speculation"
     reference = results[reference_name][2]
     baseline_name = f"HF generate, prompt lookup {args.hf_lookup}" if not args.skip_hf else reference_name

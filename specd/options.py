@@ -71,6 +71,7 @@ class ServiceOptions:
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
     max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
     max_num_batched_tokens: int | None = None  # verifier: tokens one step feeds the model (None: the device's)
+    deterministic: bool = False  # verifier: batch-invariant kernels, the same greedy text in any batch (CPU only)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -209,6 +210,11 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="verifier: batch-size = k drafts in every step of up to 32 running requests; goodput "
                             "(experimental) = each step gets the drafts that pay in measured tokens a second at its "
                             "batch size")
+    group.add_argument("--deterministic", action="store_true",
+                       default=environment.option("deterministic", "").lower() in ("1", "true", "yes"),
+                       help="verifier: batch-invariant kernels, so greedy text (and seeded sampling) is the same "
+                            "with or without speculation, alone or in any batch, run after run, in bfloat16 too; "
+                            "CPU only so far (a CUDA verifier refuses to start with it)")
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
                        default=environment.option("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "
@@ -280,4 +286,5 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         drafting=args.drafting, draft_policy=args.draft_policy,
         drain_seconds=args.drain_seconds, gateway_processes=args.gateway_processes,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        deterministic=args.deterministic,
     )

@@ -98,6 +98,8 @@ def _argv(service: str, options: ServiceOptions, port: int, metrics_port: int | 
         argv += ["--drain-seconds", str(options.drain_seconds)]
     if options.log_requests:
         argv.append("--log-requests")
+    if options.deterministic:
+        argv.append("--deterministic")
     return argv
 
 

@@ -51,6 +51,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
         draft_goodput=options.draft_policy == "goodput",
         async_scheduling={"auto": None, "on": True, "off": False}[options.async_scheduling],
         tensor_parallel_size=options.tensor_parallel_size,
+        deterministic=options.deterministic,
         **_cache_layout(device, options.kv_cache_bytes, options.kv_cache_memory_fraction),
     )
     # --drafter-addr none (or empty) runs the verifier without a drafter: plain decoding; in-process drafts in the

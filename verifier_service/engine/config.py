@@ -34,6 +34,10 @@ class EngineConfig:
         on CUDA only (on the CPU the forward runs synchronously, so overlapping gains nothing).
     tensor_parallel_size: processes (one GPU each on CUDA) the model is sharded over (verifier_service/parallel/).
     random_weights: draw the weights at random instead of reading them (benchmarks; only config.json is read).
+    deterministic: batch-invariant kernels (model_runner.py: attention/invariant.py and fixed-row linears), so
+        a token's logits do not depend on the batch, on the step's query tokens or on KV paging: greedy text is
+        the same with and without speculation, alone or in any batch, run after run, in bfloat16 too. CPU and
+        one process only so far (the runner refuses elsewhere).
     """
 
     model: str = "default"
@@ -58,6 +62,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     random_weights: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -77,6 +82,8 @@ class EngineConfig:
             (self.max_draft_batch_size >= 0, "max_draft_batch_size", "must be >= 0 (0 = no limit)"),
             (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1"),
+            (not (self.deterministic and self.tensor_parallel_size > 1), "deterministic",
+             "not with tensor_parallel_size > 1 (sharded linears are not batch-invariant)"),
         ]
         for ok, name, message in checks:
             if not ok:

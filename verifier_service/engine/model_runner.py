@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from verifier_service.attention.backend import select_backend
+from verifier_service.attention.invariant import InvariantAttentionBackend
 from verifier_service.attention.metadata import AttentionMetadata, attention_context
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
@@ -65,12 +66,15 @@ class ModelRunner:
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", block_size: int = 16, kv_cache_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                 compile_model: bool = True, shard: RankShard | None = None, random_weights: bool = False):
+                 compile_model: bool = True, shard: RankShard | None = None, random_weights: bool = False,
+                 deterministic: bool = False):
         if block_size < 1:
             raise ValueError(f"block_size: {block_size} must be positive")
         self.device = resolve_device(device)
         config = load_model_config(model_path)
         self.dtype = resolve_dtype(dtype, self.device, config.torch_dtype)
+        if deterministic:
+            _check_deterministic(self.device, self.dtype, shard)
         self.max_model_len = max_model_len or config.max_position_embeddings
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len: {self.max_model_len} must be positive")
@@ -88,7 +92,7 @@ class ModelRunner:
             use_one_shot(set_up_one_shot(self.dtype, self.device))  # before any graph captures an all-reduce
         self.kv_cache = KVCache.allocate(local_config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
-        self.backend = select_backend(self.device, block_size, self.dtype)
+        self.backend = InvariantAttentionBackend() if deterministic else select_backend(self.device, block_size, self.dtype)
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
         self.last_forward_replayed = False  # whether the last execute / execute_greedy replayed a CUDA graph
         self.static_token_counts = {1}  # compiled regions get static graphs of these (capture adds widths)
@@ -96,7 +100,7 @@ class ModelRunner:
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
             compile_regions(self.model, self.static_token_counts)
         if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
-            prepack_linears(self.model)
+            prepack_linears(self.model, fixed_rows=DETERMINISTIC_LINEAR_ROWS if deterministic else None)
         self.graphs: GraphedSteps | None = None
 
     def capture_cuda_graphs(self, max_batch: int, widths: list[int], max_verify_batch: int | None = None) -> bool:
@@ -213,3 +217,19 @@ class ModelRunner:
         if len(request.block_table) * self.block_size < request.context_len:
             raise ValueError(f"block_table: {len(request.block_table)} blocks of request {request.request_id} "
                              f"do not cover {request.context_len} positions")
+
+
+DETERMINISTIC_LINEAR_ROWS = 16  # the deterministic mode's one row count per linear (padding costs little below it)
+
+
+def _check_deterministic(device: torch.device, dtype: torch.dtype, shard: RankShard | None) -> None:
+    """The deterministic mode's batch-invariant kernels exist where this says they do: on the CPU, one process,
+    with oneDNN's linears (model/cpu_linear.py); elsewhere it refuses to start rather than promise what it cannot."""
+    if device.type != "cpu":
+        raise ValueError("deterministic: batch-invariant kernels are built for the CPU only so far; "
+                         "on CUDA run without --deterministic")
+    if shard is not None:
+        raise ValueError("deterministic: not with tensor parallelism (its sharded linears are not batch-invariant)")
+    if not onednn_linear_enabled(device, dtype):
+        raise ValueError(f"deterministic: needs oneDNN linears for {dtype} on this CPU (SPECD_ONEDNN_LINEAR=0, "
+                         "or no bfloat16 instructions: use --dtype float32)")

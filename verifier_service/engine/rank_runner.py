@@ -20,7 +20,7 @@ def build_rank_runner(config: EngineConfig, drafts: bool = True, shard: RankShar
                          block_size=config.block_size, kv_cache_bytes=config.kv_cache_bytes or None,
                          gpu_memory_utilization=config.kv_cache_memory_fraction,
                          max_model_len=config.max_model_len or None, compile_model=config.compile_model,
-                         shard=shard, random_weights=config.random_weights)
+                         shard=shard, random_weights=config.random_weights, deterministic=config.deterministic)
     if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
         drafting_batch = config.max_draft_batch_size if config.adaptive_drafting else 0  # 0: any batch drafts
         runner.capture_cuda_graphs(config.max_num_seqs, step_widths(config.speculative_tokens_limit if drafts else 0),

@@ -54,10 +54,15 @@ def onednn_linear_enabled(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PrepackedLinear(nn.Module):
-    """y = x W^T + b, with W held only in oneDNN's reordered layout (no dense copy kept)."""
+    """y = x W^T + b, with W held only in oneDNN's reordered layout (no dense copy kept).
 
-    def __init__(self, linear: nn.Linear):
+    With `fixed_rows`, every input runs in chunks of exactly that many rows (the last one padded with zeros): one
+    primitive computes every row, so a row's result does not depend on how many rows came with it (the
+    deterministic mode; a 5-row and a 1-row primitive sum a 1536-long row in different orders)."""
+
+    def __init__(self, linear: nn.Linear, fixed_rows: int | None = None):
         super().__init__()
+        self.fixed_rows = fixed_rows
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.register_buffer("packed_weight", weight, persistent=False)
@@ -65,13 +70,14 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features] -> [num_tokens, out_features]."""
-        if x.shape[0] <= CHUNK_ROWS:
+        chunk = self.fixed_rows or CHUNK_ROWS
+        if x.shape[0] <= chunk:
             return self._padded(x)
-        return torch.cat([self._padded(x[i:i + CHUNK_ROWS]) for i in range(0, x.shape[0], CHUNK_ROWS)])
+        return torch.cat([self._padded(x[i:i + chunk]) for i in range(0, x.shape[0], chunk)])
 
     def _padded(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        size = padded_rows(rows)
+        size = self.fixed_rows or padded_rows(rows)
         if size != rows:  # extra zero rows: the same primitive serves every row count of the bucket
             x = torch.cat([x, x.new_zeros(size - rows, x.shape[1])])
         y = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
@@ -81,16 +87,17 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def prepack_linears(model: nn.Module) -> None:
+def prepack_linears(model: nn.Module, fixed_rows: int | None = None) -> None:
     """Replaces every nn.Linear in model by a PrepackedLinear (in place) and builds its oneDNN primitives.
 
     A tied LM head gets its own packed copy; the embedding keeps the dense matrix it looks rows up in.
+    `fixed_rows`: see PrepackedLinear.
     """
     replaced: list[PrepackedLinear] = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                replaced.append(PrepackedLinear(child))
+                replaced.append(PrepackedLinear(child, fixed_rows))
                 setattr(parent, name, replaced[-1])
     _build_primitives(replaced)
 
@@ -98,7 +105,8 @@ def prepack_linears(model: nn.Module) -> None:
 @torch.inference_mode()
 def _build_primitives(linears: list[PrepackedLinear]) -> None:
     """Runs one linear of each weight shape at every padded row count (oneDNN caches by shape, not data)."""
-    sizes = sorted({padded_rows(rows) for rows in range(1, CHUNK_ROWS + 1)})
+    fixed = {linear.fixed_rows for linear in linears} - {None}
+    sizes = sorted(fixed or {padded_rows(rows) for rows in range(1, CHUNK_ROWS + 1)})
     seen = set()
     for linear in linears:
         key = (linear.in_features, linear.out_features, linear.bias is not None, linear.packed_weight.dtype)

@@ -1,0 +1,54 @@
+"""Batch-invariant paged attention for the deterministic mode on the CPU: a query token's output depends only on
+its own query and its sequence's keys and values up to its position, never on which other tokens share the step
+(how many sequences, how many query tokens this one brings: 1 at decode, k + 1 at verify, a chunk at prefill)
+or on where the sequence's KV splits into pages.
+
+Why the reference backend is not: scaled_dot_product_attention picks its kernel and its blocking from the
+shapes of the whole step (padded key length, query length, mask or none), and a GEMM's summation order follows
+its shapes, so the same token's output differs in the last bits between a decode and a verify step; in bfloat16
+that is enough to flip a near-tie argmax (greedy text then differs with and without speculation).
+
+Here every reduction has one order whatever the step: scores are elementwise products summed over the head
+dimension (the innermost, a fixed length), and softmax and the weighted sum of values run over the key axis, which
+is not the innermost, so each output element is accumulated key by key in position order. Keys a query may not
+see get a score of -inf and a weight of exactly 0, so padding adds exact zeros at the end of each sum. All of it
+in float32. Query tokens go in chunks of QUERY_CHUNK, which bounds the [chunk, keys, heads, head_dim] products.
+"""
+from __future__ import annotations
+
+import torch
+
+from verifier_service.attention.metadata import AttentionMetadata
+from verifier_service.attention.reference import ReferenceAttentionBackend, _gather
+
+QUERY_CHUNK = 16
+
+
+class InvariantAttentionBackend(ReferenceAttentionBackend):
+    """The reference backend's cache writes and step layout, with the batch-invariant attend above."""
+
+    name = "invariant"
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        """query [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
+        layout = self._layout_of(metadata)
+        keys = _gather(k_cache, layout.key_slots).float()  # [batch, max_seqlen_k, num_kv_heads, head_dim]
+        values = _gather(v_cache, layout.key_slots).float()
+        num_kv_heads, head_dim = keys.shape[2], keys.shape[3]
+        group = query.shape[1] // num_kv_heads
+        queries = query.float().view(query.shape[0], num_kv_heads, group, head_dim)
+        query_lens = (metadata.cu_seqlens_q[1:] - metadata.cu_seqlens_q[:-1]).long()
+        positions = (metadata.context_lens.long() - query_lens)[layout.token_batch] + layout.token_row
+        key_index = torch.arange(keys.shape[1], device=keys.device)
+        out = torch.empty_like(queries)
+        for start in range(0, queries.shape[0], QUERY_CHUNK):
+            chunk = slice(start, start + QUERY_CHUNK)
+            sequence = layout.token_batch[chunk]
+            visible = (key_index[None, :] <= positions[chunk, None])[:, :, None, None]  # [t, keys, 1, 1]
+            # [t, 1, kv_heads, group, dim] * [t, keys, kv_heads, 1, dim] summed over dim: [t, keys, kv_heads, group]
+            scores = (queries[chunk, None] * keys[sequence, :, :, None]).sum(-1) * scale
+            weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=1)
+            weights = torch.where(visible, weights, 0.0)
+            out[chunk] = (weights[..., None] * values[sequence, :, :, None]).sum(1)
+        return out.view(query.shape).to(query.dtype)
