@@ -39,7 +39,8 @@ def test_the_same_text_with_and_without_speculation_alone_and_together():
     process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert process.stdout.readline() == "specd: ready\n"
-        verifiers = [child.cmdline() for child in psutil.Process(process.pid).children() if "verifier" in child.cmdline()]
+        children = [child.cmdline() for child in psutil.Process(process.pid).children()]
+        verifiers = [cmdline for cmdline in children if "verifier" in cmdline]
         assert verifiers and all("--deterministic" in cmdline for cmdline in verifiers)
         alone = [chat(http_port, prompt, 0) for prompt in PROMPTS]
         with ThreadPoolExecutor(len(PROMPTS)) as pool:

@@ -92,7 +92,8 @@ class ModelRunner:
             use_one_shot(set_up_one_shot(self.dtype, self.device))  # before any graph captures an all-reduce
         self.kv_cache = KVCache.allocate(local_config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
-        self.backend = InvariantAttentionBackend() if deterministic else select_backend(self.device, block_size, self.dtype)
+        self.backend = (InvariantAttentionBackend() if deterministic
+                        else select_backend(self.device, block_size, self.dtype))
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
         self.last_forward_replayed = False  # whether the last execute / execute_greedy replayed a CUDA graph
         self.static_token_counts = {1}  # compiled regions get static graphs of these (capture adds widths)
