@@ -29,6 +29,11 @@ class InvariantAttentionBackend(ReferenceAttentionBackend):
 
     name = "invariant"
 
+    def __init__(self):
+        super().__init__()
+        self._chunks_for: AttentionMetadata | None = None
+        self._chunks: list[tuple[slice | torch.Tensor, int | None]] = []
+
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
@@ -42,13 +47,31 @@ class InvariantAttentionBackend(ReferenceAttentionBackend):
         positions = (metadata.context_lens.long() - query_lens)[layout.token_batch] + layout.token_row
         key_index = torch.arange(keys.shape[1], device=keys.device)
         out = torch.empty_like(queries)
-        for start in range(0, queries.shape[0], QUERY_CHUNK):
-            chunk = slice(start, start + QUERY_CHUNK)
-            sequence = layout.token_batch[chunk]
-            visible = (key_index[None, :] <= positions[chunk, None])[:, :, None, None]  # [t, keys, 1, 1]
-            # [t, 1, kv_heads, group, dim] * [t, keys, kv_heads, 1, dim] summed over dim: [t, keys, kv_heads, group]
-            scores = (queries[chunk, None] * keys[sequence, :, :, None]).sum(-1) * scale
+        for tokens, sequence in self._chunks_of(metadata):
+            if sequence is None:  # one query token of each of several sequences: their keys gathered per token
+                own_keys = keys[layout.token_batch[tokens], :, :, None]  # [t, keys, kv_heads, 1, dim]
+                own_values = values[layout.token_batch[tokens], :, :, None]
+            else:  # query tokens of one sequence: its keys as they are, shared by all of them
+                own_keys, own_values = keys[sequence, None, :, :, None], values[sequence, None, :, :, None]
+            visible = (key_index[None, :] <= positions[tokens, None])[:, :, None, None]  # [t, keys, 1, 1]
+            # [t, 1, kv_heads, group, dim] * [t or 1, keys, kv_heads, 1, dim], summed over dim
+            scores = (queries[tokens, None] * own_keys).sum(-1) * scale  # [t, keys, kv_heads, group]
             weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=1)
             weights = torch.where(visible, weights, 0.0)
-            out[chunk] = (weights[..., None] * values[sequence, :, :, None]).sum(1)
+            out[tokens] = (weights[..., None] * own_values).sum(1)
         return out.view(query.shape).to(query.dtype)
+
+    def _chunks_of(self, metadata: AttentionMetadata) -> list[tuple[slice | torch.Tensor, int | None]]:
+        """The step's query tokens in chunks of at most QUERY_CHUNK: (the tokens, their one sequence) for a
+        sequence with several query tokens, (the tokens, None) for single tokens of different sequences (once
+        per step, shared by the layers)."""
+        if self._chunks_for is not metadata:
+            bounds = metadata.cu_seqlens_q.tolist()
+            singles = [start for start, end in zip(bounds, bounds[1:]) if end - start == 1]
+            chunks = [(torch.tensor(singles[i:i + QUERY_CHUNK], device=metadata.cu_seqlens_q.device), None)
+                      for i in range(0, len(singles), QUERY_CHUNK)]
+            chunks += [(slice(first, min(first + QUERY_CHUNK, end)), sequence)
+                       for sequence, (start, end) in enumerate(zip(bounds, bounds[1:])) if end - start > 1
+                       for first in range(start, end, QUERY_CHUNK)]
+            self._chunks, self._chunks_for = chunks, metadata
+        return self._chunks
