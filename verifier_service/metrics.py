@@ -37,6 +37,10 @@ class VerifierMetrics:
         self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted by verification.")
         self.num_emitted_tokens = counter("spec_decode_num_emitted_tokens",
                                           "Tokens emitted by steps that scored drafts (accepted + recovered/bonus).")
+        # The verifier scores draft chains only: draft trees are measured in replay and not served (drafter_service/
+        # tree.py, docs/BENCHMARKS.md round 23), so this family stays at 0 until a tree verifier increments it.
+        self.num_tree_nodes = counter("spec_decode_num_tree_nodes", "Draft-tree nodes scored by the target model "
+                                      "(0: the verifier scores draft chains only; trees are not served).")
         self.num_accepted_tokens_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
                                                    "Accepted draft tokens by draft position (0 = first).", ("position",))
         self.step_stage_seconds = Histogram("specd_step_stage_seconds", "Time per engine step stage.", ("stage",),

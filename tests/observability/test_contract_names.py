@@ -6,7 +6,8 @@ CONTRACT_SAMPLE_NAMES = {
     # verifier
     "specd_spec_decode_num_drafts_total", "specd_spec_decode_num_draft_tokens_total",
     "specd_spec_decode_num_accepted_tokens_total", "specd_spec_decode_num_emitted_tokens_total",
-    "specd_spec_decode_num_accepted_tokens_per_pos_total", "specd_step_stage_seconds_bucket",
+    "specd_spec_decode_num_accepted_tokens_per_pos_total", "specd_spec_decode_num_tree_nodes_total",
+    "specd_step_stage_seconds_bucket",
     "specd_step_tokens_bucket", "specd_step_seconds_bucket", "specd_num_requests_running", "specd_num_requests_waiting",
     "specd_kv_cache_usage_ratio", "specd_num_preemptions_total", "specd_drafter_fallbacks_total",
     # gateway

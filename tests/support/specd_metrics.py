@@ -7,6 +7,7 @@ VERIFIER_FAMILIES = {
     "specd_spec_decode_num_accepted_tokens": "counter",
     "specd_spec_decode_num_emitted_tokens": "counter",
     "specd_spec_decode_num_accepted_tokens_per_pos": "counter",  # label: position
+    "specd_spec_decode_num_tree_nodes": "counter",  # 0: draft trees are not served
     "specd_step_stage_seconds": "histogram",  # label: stage
     "specd_step_tokens": "histogram",
     "specd_step_seconds": "histogram",  # one observation per step (stalls)
