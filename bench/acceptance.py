@@ -131,8 +131,46 @@ class ReplayResult:
         return self.propose_seconds / max(self.propose_calls, 1) * 1e6
 
 
-def replay(proposer: Proposer, recordings: list[Recording], k: int) -> ReplayResult:
-    """Every recording through `proposer` with at most k drafts a step."""
+class ChainDrafts:
+    """A proposer's one chain of drafts a step; the step accepts its prefix that equals the recording."""
+
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer = proposer
+
+    def step(self, request_id: str, context: list[int], wanted: int, truth: list[int]) -> tuple[int, int]:
+        """(drafts proposed, of them accepted) for the step after `context`, whose target tokens are `truth`."""
+        drafts = self.proposer.propose([DraftRequest(request_id, context, wanted)]).get(request_id, [])[:wanted]
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == truth[accepted]:
+            accepted += 1
+        return len(drafts), accepted
+
+    def release(self, request_id: str) -> None:
+        self.proposer.release([request_id])
+
+
+class TreeDrafts:
+    """A draft tree of at most `budget` nodes a step (drafter_service/tree.py, on the Python store; `threshold` as
+    its draft_tree's); the step accepts the tree's longest path that equals the recording."""
+
+    def __init__(self, config: DrafterConfig, budget: int, threshold: float | None = None) -> None:
+        self.store, self.budget, self.threshold = SequenceStore(config), budget, threshold
+        self._held: dict[str, int] = {}  # request id -> tokens the store holds
+
+    def step(self, request_id: str, context: list[int], wanted: int, truth: list[int]) -> tuple[int, int]:
+        held = self._held.get(request_id, 0)
+        self.store.apply(request_id, held, context[held:])
+        self._held[request_id] = len(context)
+        tree = self.store.draft_tree(request_id, self.budget, wanted, self.threshold) if wanted > 0 else DraftTree()
+        return len(tree), len(tree.accepted_path(truth))
+
+    def release(self, request_id: str) -> None:
+        self._held.pop(request_id, None)
+        self.store.release(request_id)
+
+
+def replay(drafts: ChainDrafts | TreeDrafts, recordings: list[Recording], k: int) -> ReplayResult:
+    """Every recording through `drafts`, at most k drafts deep a step."""
     result = ReplayResult()
     for number, recording in enumerate(recordings):
         request_id = f"replay-{number}"
@@ -142,47 +180,16 @@ def replay(proposer: Proposer, recordings: list[Recording], k: int) -> ReplayRes
         while emitted < len(output):
             wanted = min(k, len(output) - emitted - 1)
             started = time.perf_counter()
-            drafts = proposer.propose([DraftRequest(request_id, context, wanted)]).get(request_id, [])
+            proposed, accepted = drafts.step(request_id, context, wanted, output[emitted:emitted + wanted])
             result.propose_seconds += time.perf_counter() - started
             result.propose_calls += 1
-            drafts = drafts[:wanted]
-            accepted = 0
-            while accepted < len(drafts) and drafts[accepted] == output[emitted + accepted]:
-                accepted += 1
             context += output[emitted:emitted + accepted + 1]  # in place: contexts only grow
             emitted += accepted + 1
             result.steps += 1
-            result.proposed += len(drafts)
+            result.proposed += proposed
             result.accepted += accepted
         result.tokens += len(output)
-        proposer.release([request_id])
-    return result
-
-
-def replay_tree(config: DrafterConfig, recordings: list[Recording], budget: int, depth: int,
-                threshold: float | None = None) -> ReplayResult:
-    """Every recording with a draft tree of at most `budget` nodes and `depth` levels a step (drafter_service/
-    tree.py, on the Python store; `threshold` as its draft_tree's): the step accepts the tree's longest path
-    that equals the recording."""
-    store, result = SequenceStore(config), ReplayResult()
-    for number, recording in enumerate(recordings):
-        key, output = f"replay-{number}", recording.output_token_ids
-        store.apply(key, 0, list(recording.prompt_token_ids) + output[:1])
-        held, emitted, result.steps = len(recording.prompt_token_ids) + 1, 1, result.steps + 1
-        while emitted < len(output):
-            levels = min(depth, len(output) - emitted - 1)
-            started = time.perf_counter()
-            tree = store.draft_tree(key, budget, levels, threshold) if levels > 0 else DraftTree()
-            result.propose_seconds += time.perf_counter() - started
-            result.propose_calls += 1
-            accepted = len(tree.accepted_path(output[emitted:emitted + levels]))
-            store.apply(key, held, output[emitted:emitted + accepted + 1])
-            held, emitted = held + accepted + 1, emitted + accepted + 1
-            result.steps += 1
-            result.proposed += len(tree)
-            result.accepted += accepted
-        result.tokens += len(output)
-        store.release(key)
+        drafts.release(request_id)
     return result
 
 
@@ -217,17 +224,17 @@ def main() -> None:
     for workload in args.workloads.split(","):
         recordings = load_or_record(workload, WORKLOADS[workload](), args.max_tokens)
         for k in ks:
-            results = {name: replay(make(), recordings, k) for name, make in DRAFTERS.items()}
+            results = {name: replay(ChainDrafts(make()), recordings, k) for name, make in DRAFTERS.items()}
             baseline = results["specd n-gram"].tokens_per_step
             for name, r in results.items():
                 print(f"{workload:12s} {k:3d} {name:24s} {r.tokens_per_step:11.2f} {r.proposed_per_step:11.2f} "
                       f"{r.acceptance:17.2f} {r.propose_us:10.1f} {r.tokens_per_step / baseline:8.2f}x")
         if budgets:  # the chain at the trees' low threshold, for rows at equal drafts/step
-            r = replay(LocalProposer(DrafterConfig(min_draft_probability=0.05)), recordings, max(ks))
+            r = replay(ChainDrafts(LocalProposer(DrafterConfig(min_draft_probability=0.05))), recordings, max(ks))
             print(f"{workload:12s} {max(ks):3d} {'specd, chance>=0.05':24s} {r.tokens_per_step:11.2f} "
                   f"{r.proposed_per_step:11.2f} {r.acceptance:17.2f} {r.propose_us:10.1f} {'':>9s}")
         for name, budget, threshold in tree_rows(budgets):
-            r = replay_tree(DrafterConfig(), recordings, budget, max(ks), threshold)
+            r = replay(TreeDrafts(DrafterConfig(), budget, threshold), recordings, max(ks))
             print(f"{workload:12s} {budget if budget < 1000 else 'all':>3} {name:24s} {r.tokens_per_step:11.2f} "
                   f"{r.proposed_per_step:11.2f} {r.acceptance:17.2f} {r.propose_us:10.1f} {'':>9s}")
         print()

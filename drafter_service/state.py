@@ -116,13 +116,19 @@ class SequenceStore:
                                       evidence.context_prior, config.min_draft_probability)
         if config.memory_scope == "off":
             return from_context.tokens, 0
-        lowest = max(low, evidence.MIN_MEMORY_MATCH)
-        remembered = next((found for n in range(min(high, len(context)), lowest - 1, -1)
-                           if (found := self.memory.occurrences(held.partition, context, n, evidence.CANDIDATES, k))),
-                          [])
+        remembered = self._remembered(held, low, high, evidence.CANDIDATES, k)
         from_memory = evidence.draft(context, remembered, k, evidence.memory_prior, config.min_draft_probability)
         chosen, source = evidence.better(from_context, from_memory)
         return chosen.tokens, source
+
+    def _remembered(self, held: _Held, low: int, high: int, limit: int, k: int) -> list[evidence.Occurrence]:
+        """The latest `limit` occurrences in the memory of the context's longest suffix in [low, high] (at least
+        MIN_MEMORY_MATCH tokens), with up to k tokens after each."""
+        context = held.index.tokens
+        for n in range(min(high, len(context)), max(low, evidence.MIN_MEMORY_MATCH) - 1, -1):
+            if found := self.memory.occurrences(held.partition, context, n, limit, k):
+                return found
+        return []
 
     def draft_tree(self, key: Hashable, budget: int, depth: int, threshold: float | None = None,
                    candidates: int = tree.CANDIDATES) -> tree.DraftTree:
@@ -135,11 +141,7 @@ class SequenceStore:
         context, low, high = held.index.tokens, config.min_ngram, config.max_ngram
         sources = [(_context_occurrences(held.index, low, high, depth, candidates), evidence.context_prior)]
         if config.memory_scope != "off":
-            lowest = max(low, evidence.MIN_MEMORY_MATCH)
-            remembered = next((found for n in range(min(high, len(context)), lowest - 1, -1)
-                               if (found := self.memory.occurrences(held.partition, context, n, candidates, depth))),
-                              [])
-            sources.append((remembered, evidence.memory_prior))
+            sources.append((self._remembered(held, low, high, candidates, depth), evidence.memory_prior))
         threshold = config.min_draft_probability if threshold is None else threshold
         return tree.build_tree(context, sources, budget, depth, threshold)
 

@@ -31,8 +31,8 @@ class InvariantAttentionBackend(ReferenceAttentionBackend):
 
     def __init__(self):
         super().__init__()
-        self._chunks_for: AttentionMetadata | None = None
-        self._chunks: list[tuple[slice | torch.Tensor, int | None]] = []
+        self._plan_for: AttentionMetadata | None = None
+        self._plan: list[tuple[slice | torch.Tensor, int | torch.Tensor, torch.Tensor]] = []
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -43,17 +43,14 @@ class InvariantAttentionBackend(ReferenceAttentionBackend):
         num_kv_heads, head_dim = keys.shape[2], keys.shape[3]
         group = query.shape[1] // num_kv_heads
         queries = query.float().view(query.shape[0], num_kv_heads, group, head_dim)
-        query_lens = (metadata.cu_seqlens_q[1:] - metadata.cu_seqlens_q[:-1]).long()
-        positions = (metadata.context_lens.long() - query_lens)[layout.token_batch] + layout.token_row
-        key_index = torch.arange(keys.shape[1], device=keys.device)
+        plan = self._plan_of(metadata, layout)  # (tokens, their sequence(s), the keys they may see) per chunk
         out = torch.empty_like(queries)
-        for tokens, sequence in self._chunks_of(metadata):
-            if sequence is None:  # one query token of each of several sequences: their keys gathered per token
-                own_keys = keys[layout.token_batch[tokens], :, :, None]  # [t, keys, kv_heads, 1, dim]
-                own_values = values[layout.token_batch[tokens], :, :, None]
-            else:  # query tokens of one sequence: its keys as they are, shared by all of them
-                own_keys, own_values = keys[sequence, None, :, :, None], values[sequence, None, :, :, None]
-            visible = (key_index[None, :] <= positions[tokens, None])[:, :, None, None]  # [t, keys, 1, 1]
+        for tokens, sequences, visible in plan:
+            if isinstance(sequences, int):  # query tokens of one sequence: its keys as they are, shared by them all
+                own_keys, own_values = keys[sequences, None, :, :, None], values[sequences, None, :, :, None]
+            else:  # one query token of each of several sequences: their keys gathered per token
+                own_keys = keys[sequences, :, :, None]  # [t, keys, kv_heads, 1, dim]
+                own_values = values[sequences, :, :, None]
             # [t, 1, kv_heads, group, dim] * [t or 1, keys, kv_heads, 1, dim], summed over dim
             scores = (queries[tokens, None] * own_keys).sum(-1) * scale  # [t, keys, kv_heads, group]
             weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=1)
@@ -61,17 +58,26 @@ class InvariantAttentionBackend(ReferenceAttentionBackend):
             out[tokens] = (weights[..., None] * own_values).sum(1)
         return out.view(query.shape).to(query.dtype)
 
-    def _chunks_of(self, metadata: AttentionMetadata) -> list[tuple[slice | torch.Tensor, int | None]]:
-        """The step's query tokens in chunks of at most QUERY_CHUNK: (the tokens, their one sequence) for a
-        sequence with several query tokens, (the tokens, None) for single tokens of different sequences (once
-        per step, shared by the layers)."""
-        if self._chunks_for is not metadata:
+    def _plan_of(self, metadata: AttentionMetadata, layout) -> list[tuple[slice | torch.Tensor, int | torch.Tensor,
+                                                                          torch.Tensor]]:
+        """The step's query tokens in chunks of at most QUERY_CHUNK, each with the keys its tokens may see
+        ([t, keys, 1, 1]): (the tokens, their one sequence, visible) for a sequence with several query tokens,
+        (the tokens, each one's sequence, visible) for single tokens of different sequences. Built once per
+        step, shared by the layers."""
+        if self._plan_for is not metadata:
+            query_lens = (metadata.cu_seqlens_q[1:] - metadata.cu_seqlens_q[:-1]).long()
+            positions = (metadata.context_lens.long() - query_lens)[layout.token_batch] + layout.token_row
+            key_index = torch.arange(metadata.max_seqlen_k, device=positions.device)
             bounds = metadata.cu_seqlens_q.tolist()
             singles = [start for start, end in zip(bounds, bounds[1:]) if end - start == 1]
-            chunks = [(torch.tensor(singles[i:i + QUERY_CHUNK], device=metadata.cu_seqlens_q.device), None)
-                      for i in range(0, len(singles), QUERY_CHUNK)]
+            chunks: list[tuple[slice | torch.Tensor, int | torch.Tensor]] = []
+            for i in range(0, len(singles), QUERY_CHUNK):
+                tokens = torch.tensor(singles[i:i + QUERY_CHUNK], device=positions.device)
+                chunks.append((tokens, layout.token_batch[tokens]))
             chunks += [(slice(first, min(first + QUERY_CHUNK, end)), sequence)
                        for sequence, (start, end) in enumerate(zip(bounds, bounds[1:])) if end - start > 1
                        for first in range(start, end, QUERY_CHUNK)]
-            self._chunks, self._chunks_for = chunks, metadata
-        return self._chunks
+            self._plan = [(tokens, sequence, (key_index[None, :] <= positions[tokens, None])[:, :, None, None])
+                          for tokens, sequence in chunks]
+            self._plan_for = metadata
+        return self._plan
