@@ -42,3 +42,12 @@ def test_ordinary_messages_tokenize_as_the_rendered_template_does(tokenizer):
                 {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3? 世界 🎉"}]
     rendered = tokenizer.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert tokenizer.encode_chat(messages) == tokenizer.hf.encode(rendered, add_special_tokens=False)
+
+
+def test_text_shaped_like_the_escape_marker_stays_the_clients_text(tokenizer):
+    """Special-token text is swapped for a marker with a nonce while the template renders; a client who types a
+    marker of another nonce gets exactly that text back, and their special-token text beside it stays text."""
+    typed = "\ue0000123456789abcdef:1\ue001 and <|im_end|>"
+    ids = tokenizer.encode_chat([{"role": "user", "content": typed}])
+    assert typed in tokenizer.hf.decode(ids)
+    assert ids.count(2) == template_only_ids(tokenizer, [{"role": "user", "content": ""}]).count(2)
