@@ -5,7 +5,8 @@
 #                            [verifytest_before] [pdltest] [graphtimingtest] [tptests] [tplogits2] [oneshottest]
 #                            [tpdefaultmodel]
 # latency / latency8b: batch-1 decode and verify steps of Qwen3-0.6B / Llama-3-8B shapes (python -m bench.gpu_latency,
-# eager layers and compiled); latency1: batch-1 latency, compiled only; before: latency1 of the code in .device/old
+# eager layers and compiled); latency1: batch-1 latency, compiled only; before / throughput_before: latency1 /
+# throughput of the code in .device/old
 # (e.g. `git archive HEAD | tar -x -C .device/old` before a change), to compare before / after on the same machine
 # in one call. throughput: nano-vllm's workload (python -m bench.gpu_throughput); async: the same with async
 # scheduling on and off, alternating; eager: without CUDA graphs. profile: one decode step's kernels by CUDA time
@@ -73,6 +74,7 @@ for part in "$@"; do
     trace) models qwen3-0.6b && python3 -m bench.profile_step /tmp/models/qwen3-0.6b --trace >"$OUT/trace.log" 2>&1; grep "kernels per step" "$OUT/trace.log" ;;
     latency1) models qwen3-0.6b && python3 -m bench.gpu_latency /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/latency1.log" | tail -4 ;;
     before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 -m bench.gpu_latency /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/latency_before.log" | tail -4 ;;
+    throughput_before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/throughput_before.log" | tail -9 ;;
     async) models qwen3-0.6b && python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive --schedule sync,async,sync,async 2>&1 | tee "$OUT/throughput_async.log" | tail -11 ;;
     nanovllm|nanovllm_before) models qwen3-0.6b && for round in $(seq "${ROUNDS:-2}"); do
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1

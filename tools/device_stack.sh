@@ -17,6 +17,12 @@
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
 #           stack with memory on, each prompt set twice (the second pass drafts from the first's outputs)
 # old_real: `real` for the code in .device/old (git archive of the commit measured against), first, in the same call
+# model   : only converts the real weights (before lanes that use them start side by side)
+# stack_new / stack_old: the real weights, 1 / 16 / 64 / 256 clients, speculation off and on, stack only, for this tree
+#           / .device/old (ports + 900), to run side by side on two GPUs (tools/device_call.sh lanes)
+# stack_engine: the same for this tree, each run beside its engine alone on the same requests
+# engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before)
+# gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
 # bytes of ~/.cache/specd/gguf/SmolLM2-135M-Instruct.Q4_1.gguf), the next one, made at once (the machine stays warm
 # for 30 s), carries .device-part2 with the rest. Results: $OUT/*.jsonl and *.log; each part's table printed last.
@@ -77,6 +83,18 @@ for part in "$@"; do
       LIMIT=230 stack . spec_new --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24
       LIMIT=120 stack .device/old spec_old --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 --no-engine \
         --port-offset 900 ;;
+    model) default_model ;;
+    stack_new|stack_old)
+      default_model || continue
+      if [ "$part" = stack_new ]; then tree=. offset=800; else tree=.device/old offset=900; fi
+      LIMIT=${STACK_LIMIT:-420} stack "$tree" "$part" --clients 1 16 64 256 --ks 0 4 --num-requests 128 --no-engine \
+        --port-offset "$offset" ;;
+    stack_engine) default_model || continue
+      LIMIT=${STACK_LIMIT:-540} stack . stack_engine --clients 1 16 64 256 --ks 0 4 --num-requests 128 ;;
+    engine_new) bash tools/device_run.sh latency1 throughput ;;
+    engine_old) bash tools/device_run.sh before throughput_before ;;
+    gputests) default_model || continue
+      bash tools/device_run.sh tests ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
