@@ -69,12 +69,12 @@ for part in "$@"; do
     tests) python3 -m pytest -q -p no:cacheprovider -s tests/gpu tests/engine_model/test_flash_attention.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     latency) models qwen3-0.6b && python3 -m bench.gpu_latency /tmp/models/qwen3-0.6b --both 2>&1 | tee "$OUT/latency.log" | tail -8 ;;
     latency8b) models llama3-8b && python3 -m bench.gpu_latency /tmp/models/llama3-8b --both 2>&1 | tee "$OUT/latency8b.log" | tail -8 ;;
-    throughput) models qwen3-0.6b && python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/throughput.log" | tail -9 ;;
+    throughput) models qwen3-0.6b && python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b ${TP_CONFIGS:+--configs "$TP_CONFIGS"} 2>&1 | tee "$OUT/throughput.log" | tail -9 ;;
     profile) models qwen3-0.6b && python3 -m bench.profile_step /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/profile.log" | grep "kernels per step" && python3 -m bench.profile_step /tmp/models/qwen3-0.6b --no-compile 2>&1 | tee "$OUT/profile_nocompile.log" | grep "kernels per step" ;;
     trace) models qwen3-0.6b && python3 -m bench.profile_step /tmp/models/qwen3-0.6b --trace >"$OUT/trace.log" 2>&1; grep "kernels per step" "$OUT/trace.log" ;;
     latency1) models qwen3-0.6b && python3 -m bench.gpu_latency /tmp/models/qwen3-0.6b 2>&1 | tee "$OUT/latency1.log" | tail -4 ;;
     before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 -m bench.gpu_latency /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/latency_before.log" | tail -4 ;;
-    throughput_before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b 2>&1) | tee "$OUT/throughput_before.log" | tail -9 ;;
+    throughput_before) models qwen3-0.6b && (cd .device/old && PYTHONPATH=/tmp/site:$PWD python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b ${TP_CONFIGS:+--configs "$TP_CONFIGS"} 2>&1) | tee "$OUT/throughput_before.log" | tail -9 ;;
     async) models qwen3-0.6b && python3 -m bench.gpu_throughput /tmp/models/qwen3-0.6b --configs compiled,compiled+ngram-adaptive --schedule sync,async,sync,async 2>&1 | tee "$OUT/throughput_async.log" | tail -11 ;;
     nanovllm|nanovllm_before) models qwen3-0.6b && for round in $(seq "${ROUNDS:-2}"); do
         bash .device/peers/run_nano_vllm.sh /tmp/models/qwen3-0.6b throughput 2>&1 | tee -a "$OUT/nanovllm.log" | tail -1
