@@ -9,6 +9,7 @@ the CPU, so tests share one stack per module.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -32,10 +33,40 @@ START_TIMEOUT_SECONDS = 240.0
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
+    """A loopback TCP port nothing listens on now, below the kernel's range of ephemeral ports.
+
+    Binding port 0 would hand out an ephemeral port, which any connection opened before the server binds it may
+    take as its own local port (a CI run lost a stack fixture to that: "cannot listen on 127.0.0.1:58591"). No
+    connection is given a port below that range, so only another server could take this one."""
+    low = _ephemeral_ports_start()
+    for _ in range(200):
+        port = random.randrange(_LOWEST_PORT, low)
+        if port_is_free(port):
+            return port
+    raise RuntimeError(f"no free port in [{_LOWEST_PORT}, {low})")
+
+
+_LOWEST_PORT = 10_000
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return max(low, _LOWEST_PORT + 1000)
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on it now (with SO_REUSEADDR, as every specd server binds: connections
+    the server closed itself linger in TIME_WAIT on its port)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_serving(address: str, process: subprocess.Popen, log_path: Path,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import threading
@@ -12,15 +11,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.local_stack import free_port
 from drafter_service.config import DrafterConfig
 from drafter_service.drafter import Drafter
 from drafter_service.server import build_server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ThreadedDrafter:

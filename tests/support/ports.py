@@ -1,22 +1,11 @@
-"""Loopback ports for tests that start `specd up`: whether one is free, and an offset where a stack fits."""
+"""Loopback ports for tests that start `specd up`: an offset where a whole stack fits."""
 from __future__ import annotations
 
 import random
-import socket
+
+from bench.local_stack import port_is_free
 
 STACK_PORTS = (50051, 8000, 50061, 9461, 50071, 9471)  # a one-verifier stack's defaults (docs/PUBLIC_SURFACE.md)
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could listen on it now (with SO_REUSEADDR, as every specd server binds: connections
-    the server closed itself linger in TIME_WAIT on its port)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_offset() -> int:

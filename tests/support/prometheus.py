@@ -6,7 +6,6 @@ reason only when they are absent.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from bench.local_stack import free_port
 
 READY_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.2
@@ -32,12 +33,6 @@ def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> s
     """Runs `promtool ARGS`, capturing its output as text."""
     return subprocess.run([require_binary("promtool"), *args], input=stdin, capture_output=True,
                           text=True, cwd=cwd, timeout=120)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
