@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from bench.local_stack import free_port
 
 pytestmark = pytest.mark.gpu
 HIDDEN, EPS, CALLS, REPLAYS = 4096, 1e-6, 120, 10
@@ -95,9 +96,7 @@ def test_every_call_of_a_random_sequence_equals_nccl_eagerly_and_replayed(world)
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
     pytest.importorskip("triton")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(rank_main, args=(world, port, results), nprocs=world)
