@@ -30,6 +30,7 @@ from specd.serving import TlsConfig, open_channel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECONDS = 240.0
+_LOWEST_PORT = 10_000  # free_port's ports lie in [this, the kernel's first ephemeral port)
 
 
 def free_port() -> int:
@@ -44,9 +45,6 @@ def free_port() -> int:
         if port_is_free(port):
             return port
     raise RuntimeError(f"no free port in [{_LOWEST_PORT}, {low})")
-
-
-_LOWEST_PORT = 10_000
 
 
 def _ephemeral_ports_start() -> int:
