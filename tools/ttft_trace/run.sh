@@ -9,9 +9,7 @@ set -u
 OUT=${OUT:-/tmp/out}; DEV=${DEV:-cuda}; MODEL=${MODEL:-/tmp/models/smollm2-135m}; PY=${PY:-python3}
 here=$PWD tree=/tmp/ttft-tree
 if [ "$DEV" = cuda ]; then
-  [ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
-    touch /tmp/site/.specd-installed; } || exit 1
-  bash tools/build_native_store.sh .
+  bash tools/device_run.sh >/dev/null || exit 1  # its set-up alone: the wheels, the drafter's native store
   [ -d "$MODEL" ] || PYTHONPATH=/tmp/site:$here python3 -m bench.make_random_model smollm2-135m "$MODEL" .device/model >/dev/null
 fi
 rm -rf "$tree" && mkdir -p "$tree" && cp -r bench drafter_service gateway specd specd_cli verifier_service "$tree"/
