@@ -99,8 +99,9 @@ async def run_workload(address: str, prompts: list[str], concurrency: int, max_t
 
 def stage_seconds(metrics_url: str) -> dict[str, float]:
     """Total seconds per engine step stage, the number of steps under "steps", and forward passes replayed from
-    CUDA graphs / run eagerly under "graph" / "eager", from the verifier's metrics."""
-    totals: dict[str, float] = {"steps": 0.0, "graph": 0.0, "eager": 0.0}
+    decode / verify CUDA graphs, from the model's captured pieces or run eagerly under "graph" / "piecewise" / "eager",
+    from the verifier's metrics."""
+    totals: dict[str, float] = {"steps": 0.0, "graph": 0.0, "piecewise": 0.0, "eager": 0.0}
     for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
         for sample in family.samples:
             stage = sample.labels.get("stage")
@@ -279,13 +280,14 @@ def report_hop_cost(result: RunResult, before: dict[str, float], after: dict[str
     many forwards replayed a CUDA graph (on a GPU, eager decode / verify steps mean a shape was not captured)."""
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     steps, graph, eager = delta.pop("steps"), delta.pop("graph"), delta.pop("eager")
+    piecewise = delta.pop("piecewise", 0.0)
     engine_seconds = sum(delta.values())
     overhead = result.wall_seconds - engine_seconds
     stages = ", ".join(f"{name} {1000 * value / max(steps, 1):.3f}" for name, value in delta.items())
     print(f"{result.label}: {steps:.0f} steps, engine {engine_seconds:.2f} s "
           f"({1000 * engine_seconds / max(steps, 1):.1f} ms/step: {stages}), client wall "
           f"{result.wall_seconds:.2f} s, outside the engine {100 * overhead / result.wall_seconds:.1f}%; "
-          f"forwards {graph:.0f} replayed from CUDA graphs, {eager:.0f} eager")
+          f"forwards {graph:.0f} replayed from CUDA graphs, {piecewise:.0f} from the pieces, {eager:.0f} eager")
 
 
 if __name__ == "__main__":

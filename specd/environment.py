@@ -17,6 +17,7 @@ DRAFTER_STORE = "SPECD_DRAFTER_STORE"
 ONEDNN_LINEAR = "SPECD_ONEDNN_LINEAR"
 TRITON_VERIFY = "SPECD_TRITON_VERIFY"
 PDL = "SPECD_PDL"
+PIECEWISE_GRAPHS = "SPECD_PIECEWISE_GRAPHS"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
 TENSOR_PARALLEL_ALL_REDUCE = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
@@ -61,6 +62,11 @@ def drafter_store() -> str | None:
 def onednn_linear() -> bool:
     """CPU linear layers through oneDNN with prepacked weights (off with "0")."""
     return _switched_on(ONEDNN_LINEAR)
+
+
+def piecewise_graphs() -> bool:
+    """CUDA graphs of the model's attention-free pieces for prompt chunks and mixed steps (off with "0": eager)."""
+    return _switched_on(PIECEWISE_GRAPHS)
 
 
 def triton_verify() -> bool:

@@ -19,7 +19,9 @@
 # old_real: `real` for the code in .device/old (git archive of the commit measured against), first, in the same call
 # model   : only converts the real weights (before lanes that use them start side by side)
 # stack_new / stack_old: the real weights, 1 / 16 / 64 / 256 clients, speculation off and on, stack only, for this tree
-#           / .device/old (ports + 900), to run side by side on two GPUs (tools/device_call.sh lanes)
+#           / .device/old (ports + 900, or + PORT_OFFSET), to run side by side on two GPUs (tools/device_call.sh lanes);
+#           this tree with and without a switch: "0 stack_new" "1 SPECD_PIECEWISE_GRAPHS=0 PORT_OFFSET=900 stack_new"
+# piecetests: the GPU tests of the CUDA graphs (decode / verify steps and the model's pieces)
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
@@ -87,12 +89,15 @@ for part in "$@"; do
     stack_new|stack_old)
       default_model || continue
       if [ "$part" = stack_new ]; then tree=. offset=800; else tree=.device/old offset=900; fi
+      offset=${PORT_OFFSET:-$offset}
       LIMIT=${STACK_LIMIT:-420} stack "$tree" "$part" --clients 1 16 64 256 --ks 0 4 --num-requests 128 --no-engine \
         --port-offset "$offset" ;;
     stack_engine) default_model || continue
       LIMIT=${STACK_LIMIT:-540} stack . stack_engine --clients 1 16 64 256 --ks 0 4 --num-requests 128 ;;
     engine_new) bash tools/device_run.sh latency1 throughput ;;
     engine_old) bash tools/device_run.sh before throughput_before ;;
+    piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
+        tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;

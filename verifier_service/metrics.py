@@ -13,6 +13,7 @@ from verifier_service.spec_decode_log import SpecDecodeIntervalLog
 from verifier_service.step_stall_log import StepStallLog
 
 STEP_STAGES = ("schedule", "propose", "score", "verify", "update")
+FORWARD_PATHS = ("graph", "piecewise", "eager")  # how a forward ran: ModelRunner.last_forward_path
 _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Whole steps: a small model's decode step on a GPU takes well under a millisecond, a stall tens of them or more.
 _STEP_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -51,8 +52,10 @@ class VerifierMetrics:
         self.step_tokens = Histogram("specd_step_tokens", "Tokens fed to the model per forward pass.",
                                      buckets=_TOKEN_BUCKETS, registry=registry)
         self.forward_passes = counter("forward_passes", "Forward passes of the target model by how they ran: "
-                                      "path=graph replayed a captured CUDA graph, path=eager did not (prompt "
-                                      "chunks, batches outside the captured shapes, the CPU).", ("path",))
+                                      "path=graph replayed a decode / verify step's CUDA graph, path=piecewise the "
+                                      "model's captured pieces around eager attention (prompt chunks, mixed and "
+                                      "large batches), path=eager neither (the CPU, steps beyond the pieces' "
+                                      "largest bucket, --enforce-eager).", ("path",))
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting for KV blocks or a batch slot.")
         self.kv_cache_usage_ratio = gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).")
@@ -64,7 +67,7 @@ class VerifierMetrics:
                                              "the host (async scheduling).")
         for stage in STEP_STAGES:
             self.step_stage_seconds.labels(stage=stage)
-        for path in ("graph", "eager"):
+        for path in FORWARD_PATHS:
             self.forward_passes.labels(path=path)
         for position in range(max_speculative_tokens):
             self.num_accepted_tokens_per_pos.labels(position=str(position))
@@ -97,8 +100,8 @@ class VerifierMetricsExporter:
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
         for num_tokens in step.forward_tokens:  # one observation per forward pass
             metrics.step_tokens.observe(num_tokens)
-        for path, count in (("graph", step.num_graph_replays),
-                            ("eager", len(step.forward_tokens) - step.num_graph_replays)):
+        eager = len(step.forward_tokens) - step.num_graph_replays - step.num_piecewise_replays
+        for path, count in zip(FORWARD_PATHS, (step.num_graph_replays, step.num_piecewise_replays, eager)):
             if count:
                 metrics.forward_passes.labels(path=path).inc(count)
         spec = step.spec_decoding

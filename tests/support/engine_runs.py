@@ -42,6 +42,18 @@ def top2_gap(runner, tokens: list[int], block_size: int) -> float:
     return float(top[0] - top[1])
 
 
+def assert_equal_or_near_tie(engine: Engine, prompts_by_id: dict[str, list[int]], got_by_id: dict[str, list[int]],
+                             expected_by_id: dict[str, list[int]], block_size: int) -> None:
+    """bf16: a different batch shape may flip a near-tie of the target; any other difference fails."""
+    for rid, expected in expected_by_id.items():
+        got = got_by_id[rid]
+        if got != expected:
+            first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+            gap = top2_gap(engine.runner, prompts_by_id[rid] + expected[:first], block_size)
+            print(f"{rid}: first difference at token {first}, top-2 logit gap {gap:.4f}")
+            assert gap < 0.1, f"{rid} differs at token {first} with a top-2 gap of {gap:.3f}: not a near-tie"
+
+
 def host_syncs_per_step(engine: Engine) -> list[int]:
     """Steps `engine` to the end under torch's CUDA sync debug mode: the host syncs each step made."""
     counts = []

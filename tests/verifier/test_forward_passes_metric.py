@@ -1,5 +1,5 @@
-"""specd_forward_passes_total{path}: forwards replayed from a captured CUDA graph against those run eagerly, as
-the runner reports them, through the verifier's real metrics exporter."""
+"""specd_forward_passes_total{path}: forwards replayed from a decode / verify CUDA graph, from the model's captured
+pieces, and run eagerly, as the runner reports them, through the verifier's real metrics exporter."""
 from prometheus_client import CollectorRegistry
 
 from support.engine_runs import run
@@ -11,27 +11,34 @@ from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
 
 
 class DecodeGraphRunner(FakePagedRunner):
-    """Reports a decode step (no prompt chunk) as replayed from a graph, as ModelRunner does on CUDA."""
+    """Reports a decode step (no prompt chunk) as replayed from a graph and other steps of up to PIECES_TOKENS tokens
+    from the pieces, as ModelRunner does on CUDA."""
 
     def __init__(self) -> None:
         super().__init__(vocab_size=VOCAB)
-        self.last_forward_replayed = False
-        self.forwards = {"graph": 0, "eager": 0}
+        self.last_forward_path = "eager"
+        self.forwards = {"graph": 0, "piecewise": 0, "eager": 0}
 
     def execute(self, batch):
-        self.last_forward_replayed = all(r.start_position > 0 and r.num_logits == r.num_tokens for r in batch.requests)
-        self.forwards["graph" if self.last_forward_replayed else "eager"] += 1
+        if all(r.start_position > 0 and r.num_logits == r.num_tokens for r in batch.requests):
+            self.last_forward_path = "graph"
+        else:
+            self.last_forward_path = "piecewise" if batch.num_tokens <= PIECES_TOKENS else "eager"
+        self.forwards[self.last_forward_path] += 1
         return super().execute(batch)
+
+
+PIECES_TOKENS = 12
 
 
 def forward_passes(registry: CollectorRegistry, path: str) -> float:
     return registry.get_sample_value("specd_forward_passes_total", {"path": path})
 
 
-def test_the_exporter_counts_graph_replays_and_eager_forwards_as_the_runner_ran_them():
+def test_the_exporter_counts_graph_piecewise_and_eager_forwards_as_the_runner_ran_them():
     registry = CollectorRegistry()
     exporter_metrics = VerifierMetrics(registry)
-    assert forward_passes(registry, "graph") == 0 and forward_passes(registry, "eager") == 0  # series from start-up
+    assert all(forward_passes(registry, path) == 0 for path in ("graph", "piecewise", "eager"))  # from start-up
     runner = DecodeGraphRunner()
     engine = Engine(EngineConfig(num_speculative_tokens=0, max_num_batched_tokens=16), runner=runner)
     exporter = VerifierMetricsExporter(exporter_metrics)
@@ -39,9 +46,9 @@ def test_the_exporter_counts_graph_replays_and_eager_forwards_as_the_runner_ran_
     outputs = run(engine)
     exporter.export(engine.take_step_stats(), engine.load(), 0)  # every step's stats, as the engine process sends them
     assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())
-    assert runner.forwards["graph"] > 0 and runner.forwards["eager"] > 0  # prompt chunks, then decode steps
-    assert forward_passes(registry, "graph") == runner.forwards["graph"]
-    assert forward_passes(registry, "eager") == runner.forwards["eager"]
+    assert all(count > 0 for count in runner.forwards.values())  # prompt chunks of either size, then decode steps
+    for path, count in runner.forwards.items():
+        assert forward_passes(registry, path) == count
 
 
 def test_a_runner_that_says_nothing_counts_every_forward_as_eager():

@@ -242,7 +242,7 @@ class Engine:
         if not batch:
             return None
         logits = self.runner.execute(batch)
-        self._count_forward(batch, getattr(self.runner, "last_forward_replayed", False))
+        self._count_forward(batch, getattr(self.runner, "last_forward_path", "eager"))
         return logits
 
     @timed_stage("score")
@@ -259,13 +259,15 @@ class Engine:
         verdict = execute_greedy(batch)
         if verdict is None:
             return None
-        self._count_forward(batch, replayed=True)  # a verdict comes only from a graph
+        self._count_forward(batch, "graph")  # a verdict comes only from a graph
         rows, continuation = verdict
         return PendingVerification(rows, list(range(len(requests))), len(requests), continuation)
 
-    def _count_forward(self, batch: ScheduledBatch, replayed: bool) -> None:
+    def _count_forward(self, batch: ScheduledBatch, path: str) -> None:
+        """path: graph (a decode / verify step's CUDA graph), piecewise (engine/piecewise_graphs.py) or eager."""
         self.step_stats.current.forward_tokens.append(batch.num_tokens)
-        self.step_stats.current.num_graph_replays += replayed
+        self.step_stats.current.num_graph_replays += path == "graph"
+        self.step_stats.current.num_piecewise_replays += path == "piecewise"
 
     @timed_stage("verify")
     def _verify(self, batch: ScheduledBatch, requests: list[Request],

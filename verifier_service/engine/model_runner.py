@@ -19,6 +19,7 @@ from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
 from verifier_service.engine.loader import load_model
+from verifier_service.engine.piecewise_graphs import PiecewiseGraphs
 from verifier_service.engine.previous_tokens import feed_previous_tokens, may_advance, resolve_on_host
 from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
@@ -95,7 +96,7 @@ class ModelRunner:
         self.backend = (InvariantAttentionBackend() if deterministic
                         else select_backend(self.device, block_size, self.dtype))
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
-        self.last_forward_replayed = False  # whether the last execute / execute_greedy replayed a CUDA graph
+        self.last_forward_path = "eager"  # how the last execute / execute_greedy ran: graph, piecewise or eager
         self.static_token_counts = {1}  # compiled regions get static graphs of these (capture adds widths)
         self.compiled = compile_model and self.device.type == "cuda"
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
@@ -103,10 +104,14 @@ class ModelRunner:
         if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
             prepack_linears(self.model, fixed_rows=DETERMINISTIC_LINEAR_ROWS if deterministic else None)
         self.graphs: GraphedSteps | None = None
+        self.pieces: PiecewiseGraphs | None = None
 
-    def capture_cuda_graphs(self, max_batch: int, widths: list[int], max_verify_batch: int | None = None) -> bool:
+    def capture_cuda_graphs(self, max_batch: int, widths: list[int], max_verify_batch: int | None = None,
+                            max_piecewise_tokens: int = 0) -> bool:
         """Captures decode / verify steps of up to max_batch sequences and the given widths (1 + drafts);
-        widths above 1 only up to max_verify_batch sequences (None: max_batch), the largest that drafts.
+        widths above 1 only up to max_verify_batch sequences (None: max_batch), the largest that drafts. With
+        max_piecewise_tokens, also the model's attention-free pieces for the other steps of up to that many tokens
+        (engine/piecewise_graphs.py).
 
         Only on CUDA with the flash-attn backend (the reference backend's layout depends on the step's
         lengths). Takes the last KV block as the padding rows' scratch block. Returns whether it did.
@@ -119,6 +124,9 @@ class ModelRunner:
         self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
                                    self.max_model_len, self.device, max_verify_batch, compile_step=self.compiled)
         self.graphs.capture()
+        if max_piecewise_tokens > 0:
+            self.pieces = PiecewiseGraphs(self.model, max_piecewise_tokens, self.device)
+            self.pieces.capture()
         return True
 
     @torch.inference_mode()
@@ -128,8 +136,8 @@ class ModelRunner:
         if not batch:
             raise ValueError("batch: no requests scheduled")
         shape = self._graph_shape(batch)
-        self.last_forward_replayed = shape is not None
         if shape is not None:
+            self.last_forward_path = "graph"
             outputs, rows = self.graphs.run(batch, shape)
             return outputs.logits.clone() if rows is None else outputs.logits[rows]  # not the graph's buffer
         if may_advance(batch):  # positions depend on the step in flight: eager steps need them on the host
@@ -151,8 +159,10 @@ class ModelRunner:
         packed = to_device(input_ids + positions + logit_rows, torch.int64, self.device)
         token_tensor, position_tensor, row_tensor = packed.split([len(input_ids), len(positions), len(logit_rows)])
         feed_previous_tokens(token_tensor, batch)  # tokens the previous step sampled, still on the device
-        with attention_context(metadata):
-            hidden = self.model(token_tensor, position_tensor)  # [num_tokens, hidden_size]
+        piecewise = self.pieces is not None and self.pieces.fits(len(input_ids))
+        self.last_forward_path = "piecewise" if piecewise else "eager"
+        with attention_context(metadata):  # hidden [num_tokens, hidden_size]
+            hidden = (self.pieces.forward if piecewise else self.model)(token_tensor, position_tensor)
         if not logit_rows:
             return torch.empty(0, self.vocab_size, dtype=hidden.dtype, device=self.device)
         return self.model.compute_logits(hidden[row_tensor])
@@ -163,9 +173,9 @@ class ModelRunner:
         continuation [n, 2]) as greedy_verdict.py defines them, one row per request; None otherwise (then
         call execute and verify the logits). Only for batches whose requests all decode greedily."""
         shape = self._graph_shape(batch) if batch else None
-        self.last_forward_replayed = shape is not None
         if shape is None:
             return None
+        self.last_forward_path = "graph"
         outputs, _ = self.graphs.run(batch, shape)
         n = len(batch.requests)
         return outputs.rows[:n], outputs.continuation[:n]

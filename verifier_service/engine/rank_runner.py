@@ -6,6 +6,7 @@ runners.build_model_runner calls it for a single-GPU verifier; with tensor paral
 """
 from __future__ import annotations
 
+from specd import environment
 from specd.default_model import resolve_model_path
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.cuda_graphs import step_widths
@@ -23,6 +24,7 @@ def build_rank_runner(config: EngineConfig, drafts: bool = True, shard: RankShar
                          shard=shard, random_weights=config.random_weights, deterministic=config.deterministic)
     if not config.enforce_eager:  # decode and verify steps replay CUDA graphs (a no-op off CUDA / flash-attn)
         drafting_batch = config.max_draft_batch_size if config.adaptive_drafting else 0  # 0: any batch drafts
+        pieces = config.max_num_batched_tokens if environment.piecewise_graphs() else 0  # prompt chunks, mixed steps
         runner.capture_cuda_graphs(config.max_num_seqs, step_widths(config.speculative_tokens_limit if drafts else 0),
-                                   max_verify_batch=drafting_batch or None)
+                                   max_verify_batch=drafting_batch or None, max_piecewise_tokens=pieces)
     return runner

@@ -27,14 +27,16 @@ LEAVE_TIMEOUT_S = 60.0
 
 
 def release_cuda_graphs(runner, synchronize: bool = True) -> None:
-    """Resets and drops a ModelRunner's captured graphs (they are never replayed again); synchronize first
-    where the device is healthy, so that no replay is still running."""
-    graphs, runner.graphs = runner.graphs, None
-    if graphs is None:
+    """Resets and drops a ModelRunner's captured graphs, decode / verify steps and pieces (they are never replayed
+    again); synchronize first where the device is healthy, so that no replay is still running."""
+    captured = [graphs for graphs in (runner.graphs, runner.pieces) if graphs is not None]
+    runner.graphs = runner.pieces = None
+    if not captured:
         return
     if synchronize:
         torch.cuda.synchronize(runner.device)
-    graphs.release()
+    for graphs in captured:
+        graphs.release()
 
 
 def leave_process_groups(healthy: bool = True, timeout_s: float = LEAVE_TIMEOUT_S) -> bool:
