@@ -23,7 +23,8 @@
 #           this tree with and without a switch: "0 stack_new" "1 SPECD_PIECEWISE_GRAPHS=0 PORT_OFFSET=900 stack_new"
 # piecetests: the GPU tests of the CUDA graphs (decode / verify steps and the model's pieces)
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
-# engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before)
+# engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
+# engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
 # bytes of ~/.cache/specd/gguf/SmolLM2-135M-Instruct.Q4_1.gguf), the next one, made at once (the machine stays warm
@@ -96,6 +97,7 @@ for part in "$@"; do
       LIMIT=${STACK_LIMIT:-540} stack . stack_engine --clients 1 16 64 256 --ks 0 4 --num-requests 128 ;;
     engine_new) bash tools/device_run.sh latency1 throughput ;;
     engine_old) bash tools/device_run.sh before throughput_before ;;
+    engine_throughput) bash tools/device_run.sh throughput ;;
     piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     gputests) default_model || continue
