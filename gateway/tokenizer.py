@@ -47,12 +47,16 @@ class Tokenizer:
         text in `text` stays text."""
         return self._text_encoder.encode_batch([text], add_special_tokens=True)[0].ids
 
+    @property
+    def has_chat_template(self) -> bool:
+        return self.hf.chat_template is not None
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation rendered by the model's chat template, ready for the reply.
 
         The template writes the special tokens (BOS, role markers); they are not added twice, and
         special-token text inside the messages stays text."""
-        if self.hf.chat_template is None:
+        if not self.has_chat_template:
             raise ValueError("the model has no chat template; use /v1/completions")
         segments = render_segments(self._render, messages, self.special_tokens)
         texts = iter(self._text_encoder.encode_batch([s for s in segments if isinstance(s, str)],
