@@ -21,6 +21,7 @@
 # stack_new / stack_old: the real weights, 1 / 16 / 64 / 256 clients, speculation off and on, stack only, for this tree
 #           / .device/old (ports + 900, or + PORT_OFFSET), to run side by side on two GPUs (tools/device_call.sh lanes);
 #           this tree with and without a switch: "0 stack_new" "1 SPECD_PIECEWISE_GRAPHS=0 PORT_OFFSET=900 stack_new"
+# ttft    : the real weights, 1 and 16 clients, speculation off and on, 24 requests at one client, stack only
 # piecetests: the GPU tests of the CUDA graphs (decode / verify steps and the model's pieces)
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
@@ -98,6 +99,8 @@ for part in "$@"; do
     engine_new) bash tools/device_run.sh latency1 throughput ;;
     engine_old) bash tools/device_run.sh before throughput_before ;;
     engine_throughput) bash tools/device_run.sh throughput ;;
+    ttft) default_model || continue
+      LIMIT=${STACK_LIMIT:-300} stack . ttft --clients 1 16 --ks 0 4 --num-requests 64 --batch1-requests 24 --no-engine ;;
     piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     gputests) default_model || continue
