@@ -13,6 +13,7 @@ import torch.distributed as dist
 from engine_model.checkpoints import save_tiny_checkpoint
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.cuda_graphs import GraphedSteps
+from verifier_service.engine.piecewise_graphs import PiecewiseGraphs
 from verifier_service.runners import build_model_runner
 from verifier_service.parallel import teardown
 from verifier_service.parallel.teardown import leave_process_groups, release_cuda_graphs
@@ -69,11 +70,13 @@ def test_every_captured_graph_is_reset_and_dropped():
     class Runner:
         device = torch.device("cpu")
 
+    pieces = PiecewiseGraphs.__new__(PiecewiseGraphs)  # no model on the CPU either: its graphs put in by hand
+    pieces._graphs = {16: [RecordingGraph(log, "16/0"), RecordingGraph(log, "16/1")], 32: [RecordingGraph(log, "32/0")]}
     runner = Runner()
-    runner.graphs = graphs
+    runner.graphs, runner.pieces = graphs, pieces
     release_cuda_graphs(runner, synchronize=False)
-    assert sorted(log) == ["1x1", "4x5"] and not graphs._graphs
-    assert runner.graphs is None
+    assert sorted(log) == ["16/0", "16/1", "1x1", "32/0", "4x5"] and not graphs._graphs and not pieces._graphs
+    assert runner.graphs is None and runner.pieces is None
     release_cuda_graphs(runner, synchronize=False)  # nothing left to release: a no-op
 
 
