@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -70,8 +71,8 @@ class PiecewiseGraphs:
     # -- the pieces (each reads and writes the buffers) ----------------------------------------------
 
     def _pieces(self) -> list[Callable[[int], None]]:
-        return [self._first] + [lambda rows, i=i: self._middle(i, rows) for i in range(1, len(self.layers))] + [
-            self._last]
+        """Each piece, called with a bucket's row count."""
+        return [self._first, *(partial(self._middle, layer) for layer in range(1, len(self.layers))), self._last]
 
     def _first(self, rows: int) -> None:
         hidden = self.decoder.embed_tokens(self._ids[:rows])
