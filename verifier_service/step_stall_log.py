@@ -35,9 +35,10 @@ class StepStallLog:
             self.num_stalls += 1
             stages = ", ".join(f"{stage} {1000 * seconds:.2f}" for stage, seconds in step.stage_seconds.items())
             logger.warning("slow engine step: %.2f ms against a median of %.2f ms; forwards of %s tokens, %d of "
-                           "them replayed a CUDA graph; stages (ms): %s; %d running, %d preempted",
+                           "them replayed a CUDA graph, %d the model's pieces; stages (ms): %s; %d running, "
+                           "%d preempted",
                            1000 * step.seconds, 1000 * self._median, step.forward_tokens, step.num_graph_replays,
-                           stages, step.num_running, step.num_preemptions)
+                           step.num_piecewise_replays, stages, step.num_running, step.num_preemptions)
         self._recent.append(step.seconds)
         self._since_refresh += 1
         if self._since_refresh >= self.refresh_steps or len(self._recent) <= self.min_steps:

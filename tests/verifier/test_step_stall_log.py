@@ -19,7 +19,7 @@ def test_a_step_over_ten_times_the_median_is_logged_with_its_widths(caplog):
         assert log.observe(step(0.011, forward_tokens=(37,), replays=0))
     [record] = caplog.records
     assert "11.00 ms against a median of 1.00 ms" in record.message
-    assert "forwards of [37] tokens, 0 of them replayed a CUDA graph" in record.message
+    assert "forwards of [37] tokens, 0 of them replayed a CUDA graph, 0 the model's pieces" in record.message
     assert log.num_stalls == 1
 
 
