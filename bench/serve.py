@@ -279,8 +279,7 @@ def report_hop_cost(result: RunResult, before: dict[str, float], after: dict[str
     mean ms per step in each stage (propose: waiting for the drafter; verify: waiting for the device), and how
     many forwards replayed a CUDA graph (on a GPU, eager decode / verify steps mean a shape was not captured)."""
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
-    steps, graph, eager = delta.pop("steps"), delta.pop("graph"), delta.pop("eager")
-    piecewise = delta.pop("piecewise", 0.0)
+    steps, graph, piecewise, eager = (delta.pop(name) for name in ("steps", "graph", "piecewise", "eager"))
     engine_seconds = sum(delta.values())
     overhead = result.wall_seconds - engine_seconds
     stages = ", ".join(f"{name} {1000 * value / max(steps, 1):.3f}" for name, value in delta.items())

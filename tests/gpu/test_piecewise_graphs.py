@@ -50,21 +50,14 @@ def steps() -> list[ScheduledBatch]:
     ]
 
 
-@pytest.mark.parametrize("bucketed", [True, False], ids=["pieces", "eager"])
-def test_runner_paths(checkpoint, bucketed):
-    """Every step above runs through the pieces when they are captured, eagerly when not."""
-    runner = make_runner(checkpoint, 1024 if bucketed else 0)
-    for batch in steps():
-        runner.execute(batch)
-        assert runner.last_forward_path == ("piecewise" if bucketed else "eager")
-
-
 def test_steps_from_the_pieces_equal_eager_steps_in_logits_and_kv(checkpoint):
+    """Every step above runs through the pieces when they are captured, eagerly when not, to the same logits and KV."""
     eager, pieces = make_runner(checkpoint, 0), make_runner(checkpoint, 1024)
     assert pieces.pieces.buckets == [16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
     for batch_eager, batch_pieces in zip(steps(), steps()):
         expected = eager.execute(batch_eager).float()
         got = pieces.execute(batch_pieces).float()
+        assert (eager.last_forward_path, pieces.last_forward_path) == ("eager", "piecewise")
         assert got.shape == expected.shape == (batch_eager.num_logits, eager.vocab_size)
         torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
     scratch = pieces.num_blocks  # the decode graphs' scratch block: the only one either runner may differ in
