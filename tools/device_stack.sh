@@ -27,6 +27,8 @@
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
+# detkernels / dettests: tests/gpu/test_deterministic_cuda.py, its kernel tests alone / all of it (real weights)
+# detbench / detbench_8b: python -m bench.deterministic on the real weights / Qwen3-8B's shapes at random
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
 # bytes of ~/.cache/specd/gguf/SmolLM2-135M-Instruct.Q4_1.gguf), the next one, made at once (the machine stays warm
 # for 30 s), carries .device-part2 with the rest. Results: $OUT/*.jsonl and *.log; each part's table printed last.
@@ -106,6 +108,20 @@ for part in "$@"; do
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
+    detkernels)  # the deterministic mode's kernels alone (no model): a row's bits in any step
+      python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_cuda.py -k "linear or rms_norm or attention" \
+        2>&1 | tee "$OUT/detkernels.log" | tail -8 ;;
+    dettests) default_model || continue  # the deterministic mode on the default model through the engine
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-400}" python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/gpu/test_deterministic_cuda.py 2>&1 | tee "$OUT/dettests.log" | tail -15 ;;
+    detbench) default_model || continue  # bench.deterministic: the default model's real weights
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-400}" python3 -m bench.deterministic \
+        --out "$OUT/detbench.json" > "$OUT/detbench.log" 2>&1
+      echo "== detbench (exit $?)"; tail -n 7 "$OUT/detbench.log" ;;
+    detbench_8b)  # bench.deterministic: Qwen3-8B's shapes, random weights, the default model's tokenizer
+      timeout "${LIMIT:-400}" python3 -m bench.deterministic --model .device/qwen3-8b-det --random-weights \
+        --out "$OUT/detbench_8b.json" > "$OUT/detbench_8b.log" 2>&1
+      echo "== detbench_8b (exit $?)"; tail -n 7 "$OUT/detbench_8b.log" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       timeout 400 python3 -m bench.profile_step /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1

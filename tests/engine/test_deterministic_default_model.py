@@ -89,7 +89,11 @@ def test_a_second_run_gives_the_same_text(prompts, alone):
 
 
 def test_the_mode_refuses_where_its_kernels_are_not_built():
-    with pytest.raises(ValueError, match="^deterministic: .*CPU only"):
-        _check_deterministic(torch.device("cuda"), torch.bfloat16, None)
+    with pytest.raises(ValueError, match="^deterministic: on CUDA needs bfloat16 or float16"):
+        _check_deterministic(torch.device("cuda"), torch.float32, None)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        _check_deterministic(torch.device("cuda"), torch.bfloat16, None, head_dim=96)
+    with pytest.raises(ValueError, match="block_size 16"):
+        _check_deterministic(torch.device("cuda"), torch.bfloat16, None, block_size=16)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         EngineConfig(deterministic=True, tensor_parallel_size=2)

@@ -8,6 +8,7 @@ inside the attention context, and apply the LM head only to the rows whose logit
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -75,7 +76,7 @@ class ModelRunner:
         config = load_model_config(model_path)
         self.dtype = resolve_dtype(dtype, self.device, config.torch_dtype)
         if deterministic:
-            _check_deterministic(self.device, self.dtype, shard)
+            _check_deterministic(self.device, self.dtype, shard, config.head_dim, block_size)
         self.max_model_len = max_model_len or config.max_position_embeddings
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len: {self.max_model_len} must be positive")
@@ -93,12 +94,16 @@ class ModelRunner:
             use_one_shot(set_up_one_shot(self.dtype, self.device))  # before any graph captures an all-reduce
         self.kv_cache = KVCache.allocate(local_config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
-        self.backend = (InvariantAttentionBackend() if deterministic
+        self.backend = (_invariant_backend(self.device) if deterministic
                         else select_backend(self.device, block_size, self.dtype))
         self.model.bind_kv_cache(self.kv_cache.k_caches, self.kv_cache.v_caches, self.backend)
         self.last_forward_path = "eager"  # how the last execute / execute_greedy ran: graph, piecewise or eager
         self.static_token_counts = {1}  # compiled regions get static graphs of these (capture adds widths)
-        self.compiled = compile_model and self.device.type == "cuda"
+        self.compiled = compile_model and self.device.type == "cuda" and not deterministic
+        if deterministic and self.device.type == "cuda":  # batch-invariant linears and norms (needs triton: lazy)
+            from verifier_service.model.invariant_layers import make_batch_invariant
+
+            make_batch_invariant(self.model)
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
             compile_regions(self.model, self.static_token_counts)
         if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
@@ -113,10 +118,10 @@ class ModelRunner:
         max_piecewise_tokens, also the model's attention-free pieces for the other steps of up to that many tokens
         (engine/piecewise_graphs.py).
 
-        Only on CUDA with the flash-attn backend (the reference backend's layout depends on the step's
-        lengths). Takes the last KV block as the padding rows' scratch block. Returns whether it did.
+        Only on CUDA with the flash-attn backend or the deterministic mode's Triton one (the reference backend's
+        layout depends on the step's lengths). Takes the last KV block as the padding rows' scratch block. Returns whether it did.
         """
-        if self.device.type != "cuda" or self.backend.name != "flash-attn" or self.num_blocks < 2:
+        if self.device.type != "cuda" or self.backend.name not in GRAPH_BACKENDS or self.num_blocks < 2:
             return False
         self.num_blocks -= 1  # the block manager never hands out the scratch block
         self.static_token_counts.update(widths)  # batch-1 steps of each width: static compiled regions
@@ -231,16 +236,36 @@ class ModelRunner:
 
 
 DETERMINISTIC_LINEAR_ROWS = 16  # the deterministic mode's one row count per linear (padding costs little below it)
+GRAPH_BACKENDS = ("flash-attn", "invariant-triton")  # whose steps' launches depend only on the graph's shape
 
 
-def _check_deterministic(device: torch.device, dtype: torch.dtype, shard: RankShard | None) -> None:
-    """The deterministic mode's batch-invariant kernels exist where this says they do: on the CPU, one process,
-    with oneDNN's linears (model/cpu_linear.py); elsewhere it refuses to start rather than promise what it cannot."""
-    if device.type != "cpu":
-        raise ValueError("deterministic: batch-invariant kernels are built for the CPU only so far; "
-                         "on CUDA run without --deterministic")
+def _invariant_backend(device: torch.device):
+    """The deterministic mode's attention: the Triton kernel on CUDA, the PyTorch one on the CPU."""
+    if device.type == "cuda":
+        from verifier_service.attention.triton_invariant import InvariantTritonBackend
+
+        return InvariantTritonBackend()
+    return InvariantAttentionBackend()
+
+
+def _check_deterministic(device: torch.device, dtype: torch.dtype, shard: RankShard | None,
+                         head_dim: int = 64, block_size: int = 256) -> None:
+    """The deterministic mode's batch-invariant kernels exist where this says they do: one process; on CUDA the
+    Triton kernels (triton importable, half precision, a cache the attention kernel takes); on the CPU oneDNN's
+    linears (model/cpu_linear.py). Elsewhere it refuses to start rather than promise what it cannot."""
     if shard is not None:
         raise ValueError("deterministic: not with tensor parallelism (its sharded linears are not batch-invariant)")
+    if device.type == "cuda":  # what attention/triton_invariant.py takes: tl.dot on half precision, whole key blocks
+        if (dtype not in (torch.float16, torch.bfloat16) or head_dim < 16 or head_dim & (head_dim - 1)
+                or block_size % 64):
+            raise ValueError(f"deterministic: on CUDA needs bfloat16 or float16, a power-of-two head_dim and KV "
+                             f"blocks of a multiple of 64 tokens (got {dtype}, head_dim {head_dim}, "
+                             f"block_size {block_size})")
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError("deterministic: its CUDA kernels need triton, which is not installed")
+        return
+    if device.type != "cpu":
+        raise ValueError(f"deterministic: no batch-invariant kernels for {device.type}")
     if not onednn_linear_enabled(device, dtype):
         raise ValueError(f"deterministic: needs oneDNN linears for {dtype} on this CPU (SPECD_ONEDNN_LINEAR=0, "
                          "or no bfloat16 instructions: use --dtype float32)")

@@ -74,7 +74,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
         if self.q_norm is not None:
-            qk = self.qk_norm_weight() * RMSNorm.normalize(qk, self.q_norm.eps)
+            qk = self.qk_norm_weight() * self.q_norm.normalize(qk, self.q_norm.eps)
         # q and k heads normed and rotated together: one fused kernel on CUDA instead of one each, and the
         # same float32 arithmetic per element as two separate norms and rotations on the CPU.
         q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)

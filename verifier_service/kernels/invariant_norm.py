@@ -1,0 +1,58 @@
+"""RMSNorm with one summation order per row, whatever the number of rows (the deterministic mode on CUDA).
+
+PyTorch's reduction kernels choose how many threads and blocks share one row from the whole tensor's shape (a row
+of 576 in a 1-row tensor is split over more threads than in a 64-row one), so a token's norm differs in the last
+bits from one step to the next. Here one program reduces one row, always the same way: the residual add, the
+float32 sum of squares, the scale, and the weight, with the roundings of RMSNorm's eager code (model/layers.py).
+
+Importing this module needs triton (the deterministic mode on CUDA imports it).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["eps", "stride_token", "stride_head", "stride_residual"])
+def _rms_kernel(X, RESIDUAL, WEIGHT, OUT, RESIDUAL_OUT, eps, stride_token, stride_head, stride_residual,
+                HEADS: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                HAS_WEIGHT: tl.constexpr):
+    # X [tokens, HEADS, SIZE] by its strides (the last one 1); OUT [tokens, HEADS, SIZE] contiguous;
+    # RESIDUAL [tokens, SIZE] (HEADS == 1) and RESIDUAL_OUT contiguous; WEIGHT [SIZE].
+    token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < SIZE
+    x = tl.load(X + token * stride_token + head * stride_head + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:  # residual + x, rounded to the dtype as an eager add is
+        x = (x.to(tl.float32) + tl.load(RESIDUAL + token * stride_residual + cols, mask=ok, other=0.0).to(tl.float32))
+        x = x.to(OUT.dtype.element_ty)
+        tl.store(RESIDUAL_OUT + token * SIZE + cols, x, mask=ok)
+    h = x.to(tl.float32)
+    scale = tl.rsqrt(tl.sum(h * h, 0) / SIZE + eps)
+    y = (h * scale).to(OUT.dtype.element_ty)
+    if HAS_WEIGHT:
+        y = (y.to(tl.float32) * tl.load(WEIGHT + cols, mask=ok, other=0.0).to(tl.float32)).to(OUT.dtype.element_ty)
+    tl.store(OUT + (token * HEADS + head) * SIZE + cols, y, mask=ok)
+
+
+def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [tokens, size] or [tokens, heads, size] (last dimension contiguous) -> (x / rms(x) * weight, None); with
+    residual [tokens, size]: (norm(residual + x), residual + x). Every row is reduced alone, in one order."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    view = x if x.dim() == 3 else x.unsqueeze(1)
+    tokens, heads, size = view.shape
+    if residual is not None and (heads != 1 or residual.stride(-1) != 1):
+        raise ValueError("residual: only for [tokens, size] inputs with a contiguous last dimension")
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    residual_out = torch.empty_like(out) if residual is not None else None
+    if tokens:
+        _rms_kernel[(tokens, heads)](
+            view, residual if residual is not None else view, weight if weight is not None else view, out,
+            residual_out if residual_out is not None else out, eps, view.stride(0), view.stride(1),
+            residual.stride(0) if residual is not None else 0, HEADS=heads, SIZE=size,
+            BLOCK=triton.next_power_of_2(size), HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+            num_warps=4 if size > 1024 else 1)
+    return out, residual_out
