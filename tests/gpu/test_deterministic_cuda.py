@@ -28,7 +28,7 @@ def test_linear_rows_do_not_depend_on_the_rows_beside_them():
     from verifier_service.kernels.invariant_matmul import linear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for out_features, in_features in ((960, 576), (576, 1536), (49152, 576)):
+    for out_features, in_features in ((960, 576), (576, 1536), (49152, 576), (4096, 4096)):  # the last splits K
         weight = (torch.randn(out_features, in_features, device="cuda", generator=gen) / 24).bfloat16()
         bias = torch.randn(out_features, device="cuda", generator=gen).bfloat16()
         x = torch.randn(300, in_features, device="cuda", generator=gen).bfloat16()
@@ -56,6 +56,22 @@ def test_rms_norm_rows_do_not_depend_on_the_rows_beside_them():
         assert bits_equal(rms_norm(x[first:first + rows], 1e-5, weight, residual[first:first + rows])[0],
                           normed[first:first + rows])
         assert bits_equal(rms_norm(heads[first:first + rows], 1e-6)[0], per_head[first:first + rows])
+
+
+def test_fused_rope_and_silu_and_mul_compute_what_the_eager_ops_do():
+    from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
+    from verifier_service.model.layers import MLP
+    from verifier_service.model.rope import RotaryEmbedding
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    qkv = torch.randn(37, 15 * 64, device="cuda", generator=gen).bfloat16()
+    qk = qkv[:, :12 * 64].view(37, 12, 64)  # a column slice, as Attention.project rotates it
+    table = RotaryEmbedding({"rope_type": "default", "rope_theta": 10000.0}, 64, 4096).to("cuda")
+    table.rebuild(torch.device("cuda"))
+    cos, sin = table.lookup(torch.randint(0, 4096, (37,), device="cuda", generator=gen), torch.bfloat16)
+    assert torch.allclose(rope(qk, cos, sin).float(), RotaryEmbedding.apply(qk, cos, sin).float(), atol=0.03)
+    gate_up = torch.randn(37, 2 * 1536, device="cuda", generator=gen).bfloat16()
+    assert torch.allclose(silu_and_mul(gate_up).float(), MLP.activate(gate_up).float(), atol=0.03, rtol=0.01)
 
 
 def test_attention_gives_a_token_the_same_bits_at_decode_verify_and_prefill():

@@ -1,8 +1,8 @@
 """The deterministic mode's layers on CUDA: every linear and RMSNorm through the batch-invariant Triton kernels
 (kernels/invariant_matmul.py, kernels/invariant_norm.py), so that no reduction's order depends on the step.
 
-The rest of a layer is elementwise (RoPE, SiLU, the products and casts), which is batch-invariant as it is, and
-attention is the backend's (attention/triton_invariant.py). Regions are not compiled in this mode: Inductor fuses
+The rest of a layer is elementwise (RoPE, SiLU and its product), which is batch-invariant as it is (here one
+kernel each, kernels/fused_elementwise.py), and attention is the backend's (attention/triton_invariant.py). Regions are not compiled in this mode: Inductor fuses
 differently per graph (a one-row graph turns a GEMM into a reduction), so the same token would round differently
 in a decode and a verify step. CUDA graphs still capture every step.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
 from verifier_service.kernels.invariant_matmul import linear
 from verifier_service.kernels.invariant_norm import rms_norm
-from verifier_service.model.layers import RMSNorm
+from verifier_service.model.layers import MLP, Attention, RMSNorm
 
 
 class InvariantLinear(nn.Module):
@@ -50,7 +51,13 @@ class InvariantRMSNorm(RMSNorm):
 
 
 def make_batch_invariant(model: nn.Module) -> None:
-    """Replaces every nn.Linear and RMSNorm of model by its invariant twin (in place)."""
+    """Replaces every nn.Linear and RMSNorm of model by its invariant twin, and RoPE and SiLU-and-multiply by one
+    kernel each (kernels/fused_elementwise.py: fewer launches, as Inductor's fusion would give), in place."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rotate = rope
+        elif isinstance(module, MLP):
+            module.activate = silu_and_mul
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:

@@ -47,6 +47,8 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Self-attention with GQA; K/V live in the paged cache bound by `bind_kv_cache`."""
 
+    rotate = staticmethod(RotaryEmbedding.apply)  # q and k by their positions (the deterministic mode fuses it)
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
@@ -77,7 +79,7 @@ class Attention(nn.Module):
             qk = self.qk_norm_weight() * self.q_norm.normalize(qk, self.q_norm.eps)
         # q and k heads normed and rotated together: one fused kernel on CUDA instead of one each, and the
         # same float32 arithmetic per element as two separate norms and rotations on the CPU.
-        q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = self.rotate(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k, v
 
     def qk_norm_weight(self) -> torch.Tensor:
@@ -102,8 +104,13 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activate(self.gate_up_proj(x)))
+
+    @staticmethod
+    def activate(gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of the fused projection's two halves (the deterministic mode fuses it)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):

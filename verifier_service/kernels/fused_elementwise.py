@@ -1,0 +1,65 @@
+"""RoPE and SiLU-and-multiply as one Triton kernel each, for the deterministic mode's uncompiled layers on CUDA.
+
+Elementwise work is batch-invariant as it is; what these save is kernels. Eager PyTorch spends four on RoPE (roll,
+two products, the sum) and two on SiLU-and-multiply, in every layer of every step: 180 of a step's ~450 launches on
+the default model, where each costs about as much as its data. Both round once, from float32, where eager code
+rounds after every op (the deterministic mode is consistent with itself, not bit-equal to the default mode).
+
+Importing this module needs triton (the deterministic mode on CUDA imports it).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["stride_token", "stride_head"])
+def _rope_kernel(X, COS, SIN, OUT, stride_token, stride_head, HEADS: tl.constexpr, D: tl.constexpr,
+                 BLOCK_H: tl.constexpr):
+    # X [tokens, HEADS, D] by its strides (the last one 1); COS, SIN [tokens, D] (SIN signed as rope.py's table);
+    # OUT [tokens, HEADS, D] contiguous. out = x * cos + roll(x, D / 2) * sin.
+    token = tl.program_id(0).to(tl.int64)
+    h, d = tl.arange(0, BLOCK_H), tl.arange(0, D)
+    ok = (h < HEADS)[:, None]
+    rows = X + token * stride_token + h[:, None] * stride_head
+    x = tl.load(rows + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    rolled = tl.load(rows + ((d + D // 2) % D)[None, :], mask=ok, other=0.0).to(tl.float32)
+    cos = tl.load(COS + token * D + d).to(tl.float32)
+    sin = tl.load(SIN + token * D + d).to(tl.float32)
+    out = x * cos[None, :] + rolled * sin[None, :]
+    tl.store(OUT + (token * HEADS + h[:, None]) * D + d[None, :], out.to(OUT.dtype.element_ty), mask=ok)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RotaryEmbedding.apply in one kernel: x [tokens, heads, head_dim] (last dimension contiguous), cos, sin
+    [tokens, 1, head_dim] -> x rotated, contiguous."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    tokens, heads, head_dim = x.shape
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if tokens:
+        _rope_kernel[(tokens,)](x, cos.contiguous(), sin.contiguous(), out, x.stride(0), x.stride(1), HEADS=heads,
+                                D=head_dim, BLOCK_H=triton.next_power_of_2(heads), num_warps=4)
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(GATE_UP, OUT, SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    # GATE_UP [tokens, 2 * SIZE] contiguous (gate, then up) -> OUT [tokens, SIZE] = silu(gate) * up.
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < SIZE
+    gate = tl.load(GATE_UP + token * 2 * SIZE + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(GATE_UP + token * 2 * SIZE + SIZE + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + token * SIZE + cols, (gate / (1.0 + tl.exp(-gate)) * up).to(OUT.dtype.element_ty), mask=ok)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [tokens, 2 * size] -> silu(gate) * up [tokens, size] in one kernel."""
+    gate_up = gate_up.contiguous()
+    tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(tokens, size, device=gate_up.device, dtype=gate_up.dtype)
+    if tokens:
+        _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](gate_up, out, SIZE=size, BLOCK=1024, num_warps=4)
+    return out
