@@ -28,7 +28,8 @@
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # detkernels / dettests: tests/gpu/test_deterministic_cuda.py, its kernel tests alone / all of it (real weights)
-# detbench / detbench_8b: python -m bench.deterministic on the real weights / Qwen3-8B's shapes at random
+# detbench / detbench_8b / detbench_135m: python -m bench.deterministic on the real weights / Qwen3-8B's or the
+#           default model's shapes at random (DET_ARGS: more of its arguments)
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
 # bytes of ~/.cache/specd/gguf/SmolLM2-135M-Instruct.Q4_1.gguf), the next one, made at once (the machine stays warm
 # for 30 s), carries .device-part2 with the rest. Results: $OUT/*.jsonl and *.log; each part's table printed last.
@@ -118,10 +119,13 @@ for part in "$@"; do
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-400}" python3 -m bench.deterministic \
         --out "$OUT/detbench.json" > "$OUT/detbench.log" 2>&1
       echo "== detbench (exit $?)"; tail -n 7 "$OUT/detbench.log" ;;
-    detbench_8b)  # bench.deterministic: Qwen3-8B's shapes, random weights, the default model's tokenizer
-      timeout "${LIMIT:-400}" python3 -m bench.deterministic --model .device/qwen3-8b-det --random-weights \
-        --out "$OUT/detbench_8b.json" > "$OUT/detbench_8b.log" 2>&1
-      echo "== detbench_8b (exit $?)"; tail -n 7 "$OUT/detbench_8b.log" ;;
+    detbench_8b|detbench_135m)  # bench.deterministic: Qwen3-8B's / the default model's shapes, random weights,
+      # the default model's tokenizer (.device/qwen3-8b-det, .device/smollm2-135m-det: config.json and tokenizer only)
+      shapes=${part#detbench_}; [ "$shapes" = 8b ] && dir=.device/qwen3-8b-det || dir=.device/smollm2-135m-det
+      # shellcheck disable=SC2086  # DET_ARGS: more bench.deterministic arguments
+      timeout "${LIMIT:-400}" python3 -m bench.deterministic --model "$dir" --random-weights ${DET_ARGS:-} \
+        --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
+      echo "== $part (exit $?)"; tail -n 7 "$OUT/$part.log" ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       timeout 400 python3 -m bench.profile_step /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1
