@@ -71,7 +71,7 @@ class ServiceOptions:
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
     max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
     max_num_batched_tokens: int | None = None  # verifier: tokens one step feeds the model (None: the device's)
-    deterministic: bool = False  # verifier: batch-invariant kernels, the same greedy text in any batch (CPU only)
+    deterministic: bool = False  # verifier: batch-invariant kernels, the same greedy text in any batch
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -213,8 +213,8 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--deterministic", action="store_true",
                        default=environment.option("deterministic", "").lower() in ("1", "true", "yes"),
                        help="verifier: batch-invariant kernels, so greedy text (and seeded sampling) is the same "
-                            "with or without speculation, alone or in any batch, run after run, in bfloat16 too; "
-                            "CPU only so far (a CUDA verifier refuses to start with it)")
+                            "with or without speculation, alone or in any batch, run after run, in bfloat16 too "
+                            "(not with tensor parallelism)")
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
                        default=environment.option("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "
