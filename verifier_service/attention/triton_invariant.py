@@ -101,7 +101,7 @@ def invariant_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 class InvariantTritonBackend:
-    """The deterministic mode's attention on CUDA: the KV write of the flash backend, the kernel above for every step."""
+    """The deterministic mode's attention on CUDA: the flash backend's KV write, the kernel above for every step."""
 
     name = "invariant-triton"
 

@@ -34,10 +34,11 @@ class EngineConfig:
         on CUDA only (on the CPU the forward runs synchronously, so overlapping gains nothing).
     tensor_parallel_size: processes (one GPU each on CUDA) the model is sharded over (verifier_service/parallel/).
     random_weights: draw the weights at random instead of reading them (benchmarks; only config.json is read).
-    deterministic: batch-invariant kernels (model_runner.py: attention/invariant.py and fixed-row linears), so
-        a token's logits do not depend on the batch, on the step's query tokens or on KV paging: greedy text is
-        the same with and without speculation, alone or in any batch, run after run, in bfloat16 too. CPU and
-        one process only so far (the runner refuses elsewhere).
+    deterministic: batch-invariant kernels (model_runner.py: fixed-row linears, attention/invariant.py on the CPU,
+        model/invariant_layers.py and attention/triton_invariant.py on CUDA), so a token's logits do not depend on
+        the batch, on the step's query tokens or on KV paging: greedy text is the same with and without
+        speculation, alone or in any batch, run after run, in bfloat16 too. One process only (the runner refuses
+        tensor parallelism).
     """
 
     model: str = "default"

@@ -119,7 +119,8 @@ class ModelRunner:
         (engine/piecewise_graphs.py).
 
         Only on CUDA with the flash-attn backend or the deterministic mode's Triton one (the reference backend's
-        layout depends on the step's lengths). Takes the last KV block as the padding rows' scratch block. Returns whether it did.
+        layout depends on the step's lengths). Takes the last KV block as the padding rows' scratch block. Returns
+        whether it did.
         """
         if self.device.type != "cuda" or self.backend.name not in GRAPH_BACKENDS or self.num_blocks < 2:
             return False

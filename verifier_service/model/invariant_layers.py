@@ -3,8 +3,9 @@ batch-invariant Triton kernel (kernels/invariant_norm.py), so that no reduction'
 
 The rest of a layer is elementwise (RoPE, SiLU and its product), which is batch-invariant as it is (here one
 kernel each, kernels/fused_elementwise.py), and attention is the backend's (attention/triton_invariant.py).
-Regions are not compiled in this mode: Inductor fuses differently per graph (a one-row graph turns a GEMM into a reduction), so the same token would round differently
-in a decode and a verify step. CUDA graphs still capture every step.
+Regions are not compiled in this mode: Inductor fuses differently per graph (a one-row graph turns a GEMM into a
+reduction), so the same token would round differently in a decode and a verify step. CUDA graphs still capture
+every step.
 """
 from __future__ import annotations
 
