@@ -7,7 +7,8 @@ Usage: python -m bench.deterministic [--model default] [--device cuda] [--dtype 
 Prompts: --num-prompts instruction prompts (bench/instruction_prompts.py) through the model's chat template, plus
 as many others as make 64 for the batch runs. Every comparison is against the same mode's reference: each prompt
 alone, one token a step (plain decoding). Step time is wall time over the steps of a run: alone without drafts
-(batch 1) and all 64 at once without drafts (batch 64). Drafts come from the in-process n-gram drafter, drafting
+(batch 1) and all 64 at once without drafts (batch 64), and of that run's decode steps alone (those that only
+replayed CUDA graphs: none on the CPU). Drafts come from the in-process n-gram drafter, drafting
 at any batch size (--adaptive-drafting off), so the batch-64 runs verify drafts too.
 """
 from __future__ import annotations
@@ -38,20 +39,25 @@ def tokenize(model: str, count: int) -> list[list[int]]:
 
 
 def generate(config: EngineConfig, runner, prompts: list[list[int]], params: SamplingParams, k: int = 0,
-             together: bool = True) -> tuple[list[list[int]], float, int]:
-    """(each prompt's output, seconds, steps): all prompts at once, or each alone."""
+             together: bool = True) -> tuple[list[list[int]], float, int, list[float]]:
+    """(each prompt's output, seconds, steps, the seconds of each step that only replayed decode / verify CUDA
+    graphs): all prompts at once, or each alone."""
     engine = Engine(dataclasses.replace(config, num_speculative_tokens=k), runner=runner,
                     proposer=LocalProposer() if k else None)
     outputs: dict[str, list[int]] = {}
-    steps, start = 0, time.perf_counter()
+    steps, graph_steps, start = 0, [], time.perf_counter()
     for group in ([range(len(prompts))] if together else [[i] for i in range(len(prompts))]):
         for i in group:
             engine.add_request(str(i), prompts[i], params)
         while engine.has_unfinished_requests():
+            began = time.perf_counter()
             for output in engine.step():
                 outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
             steps += 1
-    return [outputs[str(i)] for i in range(len(prompts))], time.perf_counter() - start, steps
+            stats = engine.take_step_stats()
+            if stats and all(s.forward_tokens and s.num_graph_replays == len(s.forward_tokens) for s in stats):
+                graph_steps.append(time.perf_counter() - began)
+    return [outputs[str(i)] for i in range(len(prompts))], time.perf_counter() - start, steps, graph_steps
 
 
 def measure(config: EngineConfig, prompts: list[list[int]], count: int, max_tokens: int) -> dict:
@@ -60,7 +66,7 @@ def measure(config: EngineConfig, prompts: list[list[int]], count: int, max_toke
     seeded = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.8, seed=11)
     mine = prompts[:count]
     runner = build_model_runner(config)
-    alone, seconds, steps = generate(config, runner, mine, greedy, together=False)
+    alone, seconds, steps, _ = generate(config, runner, mine, greedy, together=False)
     result = {"step_ms_batch1": 1000 * seconds / steps}
 
     def same(outputs: list[list[int]]) -> int:
@@ -70,8 +76,10 @@ def measure(config: EngineConfig, prompts: list[list[int]], count: int, max_toke
     result["k4_alone"] = same(generate(config, runner, mine, greedy, 4, together=False)[0])
     for k in (2, 4, 8):
         result[f"k{k}_together"] = same(generate(config, runner, mine, greedy, k)[0])
-    crowd, seconds, steps = generate(config, runner, prompts, greedy)
+    crowd, seconds, steps, graph_steps = generate(config, runner, prompts, greedy)
     result["among63_k0"], result["step_ms_batch64"] = same(crowd), 1000 * seconds / steps
+    # the batch's decode steps alone (graph replays; none on the CPU), without its prompt chunks
+    result["step_ms_decode64"] = 1000 * sum(graph_steps) / len(graph_steps) if graph_steps else float("nan")
     result["among63_k4"] = same(generate(config, runner, prompts, greedy, 4)[0])
     seeded_alone = generate(config, runner, mine, seeded, together=False)[0]
     result["seeded_k4_among63"] = sum(a == b for a, b in zip(generate(config, runner, prompts, seeded, 4)[0],
@@ -106,17 +114,18 @@ def main() -> None:
     keys = [key for key in results[args.modes[0]] if not key.startswith("step_ms")]
     print(f"\n{args.model}, {args.dtype}, {args.num_prompts} prompts x {args.max_tokens} tokens: identical to each "
           "prompt alone without drafts")
-    print("| mode | " + " | ".join(keys) + " | step ms, batch 1 | step ms, batch 64 |")
-    print("|---" * (len(keys) + 3) + "|")
+    print("| mode | " + " | ".join(keys) + " | step ms, batch 1 | step ms, batch 64 | decode step ms, batch 64 |")
+    print("|---" * (len(keys) + 4) + "|")
     for mode, result in results.items():
         cells = [f"{result[key]}/{args.num_prompts}" for key in keys]
         print(f"| {mode} | " + " | ".join(cells) + f" | {result['step_ms_batch1']:.3f} | "
-              f"{result['step_ms_batch64']:.3f} |")
+              f"{result['step_ms_batch64']:.3f} | {result['step_ms_decode64']:.3f} |")
     if len(results) == 2:
         default, deterministic = results["default"], results["deterministic"]
-        print(f"deterministic / default step time: batch 1 "
-              f"{deterministic['step_ms_batch1'] / default['step_ms_batch1']:.2f}x, batch 64 "
-              f"{deterministic['step_ms_batch64'] / default['step_ms_batch64']:.2f}x")
+        ratios = ", ".join(f"{name} {deterministic[key] / default[key]:.2f}x" for name, key in
+                           (("batch 1", "step_ms_batch1"), ("batch 64", "step_ms_batch64"),
+                            ("batch 64 decode steps", "step_ms_decode64")))
+        print(f"deterministic / default step time: {ratios}")
 
 
 if __name__ == "__main__":
