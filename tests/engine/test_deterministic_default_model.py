@@ -3,6 +3,7 @@ with no tolerance, with speculation off and at k = 2 / 4 / 8, alone and batched 
 preemption, and run after run. (Without the mode, bfloat16 text differs here in 2 of 6 prompts: the kernels'
 summation order follows the step's shapes and flips near-ties.)"""
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from bench.instruction_prompts import instruction_prompts
 from drafter_service.local import LocalProposer
 from specd.sampling import SamplingParams
-from support.engine_runs import run
+from support.engine_runs import generate_each
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.model_runner import _check_deterministic
@@ -46,18 +47,7 @@ def runner():
     return build_model_runner(CONFIG)
 
 
-def generate(runner, prompts, params: SamplingParams, k: int = 0, together: bool = True,
-             engine: Engine | None = None) -> list[list[int]]:
-    """Every prompt's output: all at once, or each alone (one request in the engine at a time)."""
-    engine = engine or Engine(dataclasses.replace(CONFIG, num_speculative_tokens=k), runner=runner,
-                              proposer=LocalProposer() if k else None)
-    outputs = {}
-    for group in ([range(len(prompts))] if together else [[i] for i in range(len(prompts))]):
-        for i in group:
-            engine.add_request(str(i), prompts[i], params)
-        outputs |= run(engine)
-    assert engine.block_manager.num_used_blocks == 0
-    return [outputs[str(i)] for i in range(len(prompts))]
+generate = partial(generate_each, CONFIG)  # (runner, prompts, params, k, together, engine)
 
 
 @pytest.fixture(scope="module")

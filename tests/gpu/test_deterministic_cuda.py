@@ -11,7 +11,7 @@ import torch
 
 from engine_model.checkpoints import random_block_tables
 from specd.sampling import SamplingParams
-from support.engine_runs import run
+from support.engine_runs import generate_each as generate
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
@@ -135,21 +135,6 @@ def runner(config):
     runner = build_model_runner(config)
     assert runner.graphs is not None and runner.pieces is not None and runner.backend.name == "invariant-triton"
     return runner
-
-
-def generate(config, runner, prompts, params: SamplingParams, k: int = 0, together: bool = True, engine=None):
-    from drafter_service.local import LocalProposer
-    from verifier_service.engine.engine import Engine
-
-    engine = engine or Engine(dataclasses.replace(config, num_speculative_tokens=k), runner=runner,
-                              proposer=LocalProposer() if k else None)
-    outputs = {}
-    for group in ([range(len(prompts))] if together else [[i] for i in range(len(prompts))]):
-        for i in group:
-            engine.add_request(str(i), prompts[i], params)
-        outputs |= run(engine)
-    assert engine.block_manager.num_used_blocks == 0
-    return [outputs[str(i)] for i in range(len(prompts))]
 
 
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)

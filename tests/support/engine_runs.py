@@ -4,13 +4,16 @@ Shared by the CPU engine tests (fake and real runners) and the GPU tests.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 
 import torch
 
 from specd.sampling import SamplingParams
+from drafter_service.local import LocalProposer
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 
 
@@ -25,6 +28,22 @@ def run(engine: Engine) -> dict[str, list[int]]:
             if output.finished:
                 finished.add(output.request_id)
     return outputs
+
+
+def generate_each(config: EngineConfig, runner, prompts: Sequence[list[int]], params: SamplingParams, k: int = 0,
+                  together: bool = True, engine: Engine | None = None) -> list[list[int]]:
+    """Every prompt's output, in order: all at once, or each alone (one request in the engine at a time), from an
+    Engine of config and runner with k drafts a step from the in-process drafter (or from `engine`). Checks that
+    no KV block is left in use."""
+    engine = engine or Engine(dataclasses.replace(config, num_speculative_tokens=k), runner=runner,
+                              proposer=LocalProposer() if k else None)
+    outputs = {}
+    for group in ([range(len(prompts))] if together else [[i] for i in range(len(prompts))]):
+        for i in group:
+            engine.add_request(str(i), prompts[i], params)
+        outputs |= run(engine)
+    assert engine.block_manager.num_used_blocks == 0
+    return [outputs[str(i)] for i in range(len(prompts))]
 
 
 def generate_greedy(engine: Engine, prompts: Sequence[list[int]], max_tokens: int) -> dict[str, list[int]]:
