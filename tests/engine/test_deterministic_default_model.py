@@ -11,7 +11,7 @@ import torch
 from bench.instruction_prompts import instruction_prompts
 from drafter_service.local import LocalProposer
 from specd.sampling import SamplingParams
-from support.engine_runs import generate_each
+from support.engine_runs import argmax_agreement, generate_each
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine.model_runner import _check_deterministic
@@ -72,6 +72,14 @@ def test_greedy_text_is_the_same_after_preemption(runner, prompts, alone):
 
 def test_seeded_sampling_is_the_same_with_drafts_and_in_a_batch(runner, prompts):
     assert generate(runner, prompts, SEEDED, 4, together=True) == generate(runner, prompts, SEEDED, together=False)
+
+
+def test_the_mode_scores_as_the_model_does(runner, prompts):
+    """Identical text alone proves nothing if the mode computes something else: its argmax is float32 transformers'
+    over a prompt, but for bfloat16 near-ties."""
+    from specd.default_model import resolve_model_path
+
+    assert argmax_agreement(runner, resolve_model_path("default"), prompts[0], CONFIG.block_size) >= 0.9
 
 
 def test_a_second_run_gives_the_same_text(prompts, alone):

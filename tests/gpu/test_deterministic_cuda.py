@@ -11,7 +11,7 @@ import torch
 
 from engine_model.checkpoints import random_block_tables
 from specd.sampling import SamplingParams
-from support.engine_runs import generate_each as generate
+from support.engine_runs import argmax_agreement, generate_each as generate
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
@@ -180,6 +180,14 @@ def test_seeded_sampling_is_the_same_with_drafts_among_others(config, runner, pr
     mine = prompts[:NUM_PROMPTS]
     assert generate(config, runner, prompts, SEEDED, 4)[:NUM_PROMPTS] == generate(config, runner, mine, SEEDED,
                                                                                   together=False)
+
+
+def test_the_mode_scores_as_the_model_does(runner, prompts):
+    """Identical text alone proves nothing if the mode computes something else (a norm's outputs swapped, RoPE not
+    applied): its argmax is float32 transformers' over a prompt, but for bfloat16 near-ties."""
+    from specd.default_model import resolve_model_path
+
+    assert argmax_agreement(runner, resolve_model_path("default"), prompts[0], BLOCK) >= 0.9
 
 
 def test_a_second_run_gives_the_same_text(config, prompts, alone):

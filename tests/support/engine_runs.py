@@ -61,6 +61,17 @@ def top2_gap(runner, tokens: list[int], block_size: int) -> float:
     return float(top[0] - top[1])
 
 
+def argmax_agreement(runner, model_dir, tokens: list[int], block_size: int) -> float:
+    """The share of a prompt's positions where the runner's argmax (one prefill on its first blocks, every position's
+    logits) is float32 transformers' on model_dir: 1 up to near-ties, near 0 for a model wired wrong."""
+    from support.reference import hf_logits
+
+    table = list(range(-(-len(tokens) // block_size)))
+    logits = runner.execute(ScheduledBatch([ScheduledRequest("agreement", tokens, 0, table, 0, len(tokens))]))
+    reference = hf_logits(model_dir, tokens)
+    return float((logits.float().argmax(-1).cpu() == reference.argmax(-1)).float().mean())
+
+
 def assert_equal_or_near_tie(engine: Engine, prompts_by_id: dict[str, list[int]], got_by_id: dict[str, list[int]],
                              expected_by_id: dict[str, list[int]], block_size: int) -> None:
     """bf16: a different batch shape may flip a near-tie of the target; any other difference fails."""

@@ -105,9 +105,6 @@ class InvariantTritonBackend:
 
     name = "invariant-triton"
 
-    def __init__(self):
-        self.triton_widths: frozenset[int] | None = None  # set by CUDA graph capture; every width runs one kernel
-
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  metadata: AttentionMetadata) -> None:
         triton_write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)

@@ -126,7 +126,8 @@ class ModelRunner:
             return False
         self.num_blocks -= 1  # the block manager never hands out the scratch block
         self.static_token_counts.update(widths)  # batch-1 steps of each width: static compiled regions
-        self.backend.triton_widths = frozenset(widths)  # other widths (prompt chunks) stay on FA2: no JIT mid-serving
+        if self.backend.name == "flash-attn":  # other widths (prompt chunks) stay on FA2: no JIT mid-serving
+            self.backend.triton_widths = frozenset(widths)
         self.graphs = GraphedSteps(self.model, self.block_size, self.num_blocks, max_batch, widths,
                                    self.max_model_len, self.device, max_verify_batch, compile_step=self.compiled)
         self.graphs.capture()
