@@ -47,18 +47,20 @@ def test_a_phase_longer_than_the_dump_interval_writes_its_stacks_and_is_logged_w
         logging.basicConfig(level=logging.INFO)
 
         def capture_the_graphs():
-            time.sleep(0.8)
+            time.sleep(1.5)
 
         with phase(1, "CUDA graph capture"):
             capture_the_graphs()
-        time.sleep(0.6)  # the timer is off again: no dump here
+        time.sleep(0.9)  # the timer is off again: no dump here
     """, **{DUMP_ENV: "0.3"})
     assert result.returncode == 0, result.stderr
     assert "rank 1: CUDA graph capture ..." in result.stderr
-    assert "rank 1: CUDA graph capture done in 0.8" in result.stderr
+    assert "rank 1: CUDA graph capture done in 1.5" in result.stderr
     assert "capture_the_graphs" in result.stderr
-    dumps = result.stderr.count("CUDA graph capture still running after")
-    assert 2 <= dumps <= 3, result.stderr  # at 0.3 s and 0.6 s, maybe one more at the edge; none after the phase
+    # One dump every 0.3 s while the phase runs (a loaded CI machine may write fewer), none once it is done.
+    while_running, after = result.stderr.split("CUDA graph capture done in")
+    assert 2 <= while_running.count("CUDA graph capture still running after") <= 5, result.stderr
+    assert "still running" not in after, result.stderr
 
 
 def test_without_the_setting_a_long_phase_writes_no_stacks():
