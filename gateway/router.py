@@ -180,22 +180,20 @@ class Router:
             raise UpstreamError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before dispatch")
         updates = replica.stream.start(message, timeout)
         replica.in_flight += 1
-        held = None  # an error that came right behind the steps merged into the last update
+        pending: list = []  # updates taken and not yet handled
         try:
             while True:
-                if held is None:
+                if not pending and deadline is None:
+                    pending = await updates.take()
+                elif not pending:
                     async with asyncio.timeout_at(deadline):
-                        update = await updates.get()
-                else:
-                    update, held = held, None
+                        pending = await updates.take()
+                update = pending.pop(0)
                 # Steps that piled up while this request's stream was busy go on as one: one detokenize, one
                 # event, one write for all of them, so a loaded gateway does less work a token, not more.
-                while isinstance(update, VerifierChunk) and not update.finish_reason and not updates.empty():
-                    later = updates.get_nowait()
-                    if isinstance(later, UpstreamError):
-                        held = later
-                        break
-                    update = update.then(later)
+                while (isinstance(update, VerifierChunk) and not update.finish_reason and pending
+                       and isinstance(pending[0], VerifierChunk)):
+                    update = update.then(pending.pop(0))
                 if isinstance(update, UpstreamError):
                     if update.code == grpc.StatusCode.UNAVAILABLE:
                         replica.healthy = False  # until the next poll says otherwise

@@ -1,6 +1,6 @@
 """A gateway's one Serve stream to a verifier replica (protos/specd/v1/verifier.proto), shared by all its requests.
 
-`start()` sends a request and returns the queue its updates arrive on; `abort()` stops it. Starts and aborts that
+`start()` sends a request and returns the `Updates` its updates arrive on; `abort()` stops it. Starts and aborts that
 pile up while a write is under way leave together in the next message. One task reads the stream and hands each
 request its update from every (columnar) message: a step costs one gRPC message per gateway, not one per request.
 The stream opens on first use; if it ends or breaks, every request on it gets an UpstreamError with its status
@@ -28,25 +28,48 @@ class UpstreamError(Exception):
         self.message = message
 
 
+class Updates:
+    """One request's updates (VerifierChunk | UpstreamError), in order: put by the stream's reader, taken by the
+    request all at once. Lighter than an asyncio.Queue, on a path taken once per step for every request."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list = []
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, update) -> None:
+        self._items.append(update)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list:
+        """Every update that has arrived since the last take, waiting for one if none has."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        items, self._items = self._items, []
+        return items
+
+
 class VerifierStream:
     def __init__(self, stub, address: str) -> None:
         self._stub, self.address = stub, address
         self._call = None
-        self._live: dict[str, asyncio.Queue] = {}  # request id -> its updates (VerifierChunk | UpstreamError)
+        self._live: dict[str, Updates] = {}  # request id -> its updates
         self._starts: list[verifier_pb2.ServeStart] = []
         self._aborts: list[str] = []
         self._pending = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
-    def start(self, request: verifier_pb2.VerifierGenerateRequest, timeout: float | None) -> asyncio.Queue:
-        """Sends `request`; its updates, ending with a finish_reason or an UpstreamError, arrive on the queue."""
+    def start(self, request: verifier_pb2.VerifierGenerateRequest, timeout: float | None) -> Updates:
+        """Sends `request`; its updates, ending with a finish_reason or an UpstreamError, arrive on what it returns."""
         if self._call is None:
             self._open()
-        queue: asyncio.Queue = asyncio.Queue()
-        self._live[request.request_id] = queue
+        updates = self._live[request.request_id] = Updates()
         self._starts.append(verifier_pb2.ServeStart(request=request, timeout_seconds=timeout or 0.0))
         self._pending.set()
-        return queue
+        return updates
 
     def abort(self, request_id: str) -> None:
         """Stops a live request (a no-op for one that has finished)."""
@@ -96,35 +119,36 @@ class VerifierStream:
                     task.cancel()
             self._starts, self._aborts = [], []
         live, self._live = self._live, {}
-        for queue in live.values():
-            queue.put_nowait(UpstreamError(code, message))
+        for updates in live.values():
+            updates.put(UpstreamError(code, message))
         if live:
             logger.warning("stream to verifier %s ended (%s) with %d requests live", self.address, code.name, len(live))
 
     def _dispatch(self, response: verifier_pb2.ServeResponse) -> None:
+        # Each column is read out of the message once (a protobuf field read costs as much as a list's), as this
+        # runs once per step for every request of the gateway.
+        counts, token_ids, finish_reasons = response.token_counts, list(response.token_ids), response.finish_reasons
+        usages = zip(response.prompt_tokens, response.completion_tokens, response.draft_tokens,
+                     response.accepted_tokens, response.steps, response.num_speculative_tokens)
+        errors, seeds, has_logprobs = response.errors, dict(response.seeds), len(response.logprobs) > 0
         position = 0
-        for index, request_id in enumerate(response.request_ids):
-            count = response.token_counts[index]
-            tokens = tuple(response.token_ids[position:position + count])
+        for index, (request_id, count, finish_reason, usage) in enumerate(
+                zip(response.request_ids, counts, finish_reasons, usages)):
+            tokens = tuple(token_ids[position:position + count])
             position += count
-            queue = self._live.get(request_id)
-            if queue is None:
+            updates = self._live.get(request_id)
+            if updates is None:
                 continue  # aborted here since
-            if index in response.errors:
-                error = response.errors[index]
+            if errors and index in errors:
+                error = errors[index]
                 del self._live[request_id]
-                queue.put_nowait(UpstreamError(_STATUS_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),
+                updates.put(UpstreamError(_STATUS_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),
                                                f"verifier {self.address}: {error.message}"))
                 continue
-            finish_reason = response.finish_reasons[index]
             if finish_reason:
                 del self._live[request_id]
-            queue.put_nowait(VerifierChunk(
-                token_ids=tokens, finish_reason=finish_reason,
-                usage=Usage(response.prompt_tokens[index], response.completion_tokens[index],
-                            response.draft_tokens[index], response.accepted_tokens[index], response.steps[index],
-                            response.num_speculative_tokens[index]),
-                logprobs=_logprobs(response, index), seed=response.seeds.get(index)))
+            updates.put(VerifierChunk(tokens, finish_reason, Usage(*usage),
+                                           _logprobs(response, index) if has_logprobs else (), seeds.get(index)))
 
 
 def _logprobs(response: verifier_pb2.ServeResponse, index: int) -> tuple[TokenLogprobs, ...]:
