@@ -109,8 +109,7 @@ async def _events(first: tuple[int, TextChunk], chunks: AsyncIterator[tuple[int,
         usages = []
         index, chunk = first
         while True:
-            yield responses.sse(writer.chunk(chunk.text, chunk.finish_reason or None, chunk.logprobs, index,
-                                             chunk.seed))
+            yield writer.event(chunk.text, chunk.finish_reason or None, chunk.logprobs, index, chunk.seed)
             if chunk.finish_reason:
                 usages.append(chunk.usage)
             try:
