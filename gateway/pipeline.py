@@ -146,12 +146,16 @@ class _Run:
         self.stats = stats
         self.usage = Usage(len(request.prompt_token_ids), 0, 0, 0, 0)  # the verifier's counts so far
         self.seed: int | None = None  # as the verifier reported it
-        self.text = ""  # everything sent so far (only read when requests are logged)
+        self._sent: list[str] = []  # the text sent so far, piece by piece (joined only when requests are logged)
 
     def step(self, chunk: VerifierChunk) -> TextChunk:
         out = self._step(chunk)
-        self.text += out.text
+        self._sent.append(out.text)
         return out
+
+    @property
+    def text(self) -> str:
+        return "".join(self._sent)
 
     def _step(self, chunk: VerifierChunk) -> TextChunk:
         self.stats.tokens_arrived(len(chunk.token_ids))

@@ -18,7 +18,7 @@ import functools
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.request import GenerationRequest, SentLogprobs, TextChunk, Usage
@@ -86,14 +86,14 @@ class Choice:
     """One sample, collected: its text, how it ended, its counts, its logprobs (None: not asked) and its seed."""
 
     index: int
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # its text, as it came
     finish_reason: str = ""
     usage: Usage | None = None
     logprobs: list[SentLogprobs] | None = None
     seed: int | None = None  # what it sampled with, from its first chunk (None: greedy, unseeded)
 
     def add(self, chunk: TextChunk) -> None:
-        self.text += chunk.text
+        self.pieces.append(chunk.text)
         if chunk.seed is not None and self.seed is None:
             self.seed = chunk.seed
         if chunk.logprobs is not None:
@@ -101,6 +101,10 @@ class Choice:
             self.logprobs += chunk.logprobs
         if chunk.finish_reason:
             self.finish_reason, self.usage = chunk.finish_reason, chunk.usage
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
     @property
     def cumulative_logprob(self) -> float:
