@@ -4,7 +4,10 @@ process, and CLIENTS closed-loop streaming chat clients (bench/sse_load.py) send
 
     PYTHONPATH=.:tests python tools/gateway_cpu.py
     env: STEP_S=0.005 CLIENTS=64 REQUESTS=256 MAX_TOKENS=128 GATEWAY_PROCESSES=1,
-         PYSPY=1 (with py-spy installed): also a 5 s raw profile of the gateway in tools/gateway_cpu.txt
+         PYSPY=1 (with py-spy on PATH): also a raw profile of the gateway (PYSPY_S seconds, 5) in tools/gateway_cpu.txt,
+         GATEWAY_PYTHON_ARGS="-m cProfile -o gateway.prof": the gateway's interpreter options,
+         FLOOR=1: instead of the gateway, a bare uvicorn ASGI app sending one fixed chat chunk per request at each
+         step, the same events on the same sockets: what any Python ASGI front end pays on this machine
 
 Issue #34's target is <= 25 us of gateway CPU per streamed token at 64 clients (BENCHMARKS.md, round 23).
 """
@@ -92,17 +95,62 @@ def stepped_verifier(port_pipe) -> None:
 def start_gateway(verifier_port: int) -> subprocess.Popen:
     grpc_port, http_port, metrics_port = PORTS
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "specd_cli", "gateway", "--verifier-addr", f"127.0.0.1:{verifier_port}",
+        [sys.executable, *os.environ.get("GATEWAY_PYTHON_ARGS", "").split(), "-m", "specd_cli", "gateway",
+         "--verifier-addr", f"127.0.0.1:{verifier_port}",
          "--host", "127.0.0.1", "--port", str(grpc_port), "--http-port", str(http_port),
          "--metrics-port", str(metrics_port), "--gateway-processes", os.environ.get("GATEWAY_PROCESSES", "1")],
         stderr=subprocess.DEVNULL)
+    wait_healthy()
+    return gateway
+
+
+def wait_healthy() -> None:
     for _ in range(300):
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=1)
-            return gateway
+            urllib.request.urlopen(f"http://127.0.0.1:{PORTS[1]}/health", timeout=1)
+            return
         except OSError:
             time.sleep(0.2)
     raise RuntimeError("the gateway did not become healthy")
+
+
+def bare_sse_server() -> None:
+    """FLOOR=1: uvicorn serving every POST as MAX_TOKENS chat chunks of one token, one per STEP_S tick, then usage."""
+    import uvicorn
+
+    event = ('data: {"id": "chatcmpl-%s", "object": "chat.completion.chunk", "created": 1764370000, "model": '
+             '"SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": null, '
+             '"logprobs": null}], "usage": null}\n\n' % ("0" * 32)).encode()
+    last = b'data: {"choices": [], "usage": {"completion_tokens": %d}}\n\ndata: [DONE]\n\n' % MAX_TOKENS
+    tick: list[asyncio.Future] = []
+
+    async def ticks() -> None:
+        while True:
+            await asyncio.sleep(STEP_S)
+            if tick:
+                tick.pop().set_result(None)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        if scope["path"] == "/health":
+            return await send({"type": "http.response.body", "body": b"ok"})
+        for _ in range(MAX_TOKENS):
+            if not tick:
+                tick.append(asyncio.get_running_loop().create_future())
+            await tick[0]
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": last})
+
+    async def serve() -> None:
+        asyncio.create_task(ticks())
+        await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=PORTS[1], log_level="warning",
+                                           lifespan="off")).serve()
+
+    asyncio.run(serve())
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -112,10 +160,15 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 def main() -> None:
     context = multiprocessing.get_context("fork")
-    receiving, sending = context.Pipe()
-    verifier = context.Process(target=stepped_verifier, args=(sending,), daemon=True)
-    verifier.start()
-    gateway = start_gateway(receiving.recv())
+    if os.environ.get("FLOOR"):
+        verifier = gateway = context.Process(target=bare_sse_server, daemon=True)
+        gateway.start()
+        wait_healthy()
+    else:
+        receiving, sending = context.Pipe()
+        verifier = context.Process(target=stepped_verifier, args=(sending,), daemon=True)
+        verifier.start()
+        gateway = start_gateway(receiving.recv())
     try:
         prompts = instruction_prompts(16, max_chars=400)
         bodies = [chat_body(prompts[i % len(prompts)], MAX_TOKENS, None) for i in range(REQUESTS)]
@@ -124,8 +177,8 @@ def main() -> None:
         process = psutil.Process(gateway.pid)
         spy = None
         if os.environ.get("PYSPY"):
-            spy = subprocess.Popen(["py-spy", "record", "-o", "tools/gateway_cpu.txt", "-f", "raw", "-p",
-                                    str(gateway.pid), "-r", "200", "--nonblocking", "-d", "5"],
+            spy = subprocess.Popen(["py-spy", "record", "-o", "tools/gateway_cpu.txt", "-f", "raw", "-r", "400",
+                                    "-p", str(gateway.pid), "--nonblocking", "-d", os.environ.get("PYSPY_S", "5")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = cpu_seconds(process)
         records, wall = run_load("127.0.0.1", http_port, bodies, CLIENTS)
@@ -138,7 +191,8 @@ def main() -> None:
               f"gateway CPU {spent / tokens * 1e6:.0f} us/token ({spent / wall:.0%} of a core)")
     finally:
         gateway.terminate()
-        gateway.wait()
+        if isinstance(gateway, subprocess.Popen):
+            gateway.wait()  # its ports are free again for the next run
         verifier.terminate()
 
 
