@@ -125,8 +125,7 @@ class VerifierStream:
             logger.warning("stream to verifier %s ended (%s) with %d requests live", self.address, code.name, len(live))
 
     def _dispatch(self, response: verifier_pb2.ServeResponse) -> None:
-        # Each column is read out of the message once (a protobuf field read costs as much as a list's), as this
-        # runs once per step for every request of the gateway.
+        # Each column is read out of the message once, not once per request: this runs every step for every request.
         counts, token_ids, finish_reasons = response.token_counts, list(response.token_ids), response.finish_reasons
         usages = zip(response.prompt_tokens, response.completion_tokens, response.draft_tokens,
                      response.accepted_tokens, response.steps, response.num_speculative_tokens)
@@ -143,12 +142,12 @@ class VerifierStream:
                 error = errors[index]
                 del self._live[request_id]
                 updates.put(UpstreamError(_STATUS_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),
-                                               f"verifier {self.address}: {error.message}"))
+                                          f"verifier {self.address}: {error.message}"))
                 continue
             if finish_reason:
                 del self._live[request_id]
             updates.put(VerifierChunk(tokens, finish_reason, Usage(*usage),
-                                           _logprobs(response, index) if has_logprobs else (), seeds.get(index)))
+                                      _logprobs(response, index) if has_logprobs else (), seeds.get(index)))
 
 
 def _logprobs(response: verifier_pb2.ServeResponse, index: int) -> tuple[TokenLogprobs, ...]:
