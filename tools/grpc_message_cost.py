@@ -12,7 +12,6 @@ import asyncio
 import multiprocessing
 import os
 import threading
-import time
 
 import grpc
 import psutil

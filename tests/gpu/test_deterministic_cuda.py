@@ -4,7 +4,6 @@ gives the same greedy and seeded text, with no tolerance, with speculation off a
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 import torch

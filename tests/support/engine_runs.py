@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specd.sampling import SamplingParams
 from drafter_service.local import LocalProposer
+from specd.sampling import SamplingParams
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
