@@ -120,8 +120,10 @@ for part in "$@"; do
         --out "$OUT/detbench.json" > "$OUT/detbench.log" 2>&1
       echo "== detbench (exit $?)"; tail -n 7 "$OUT/detbench.log" ;;
     detbench_8b|detbench_135m)  # bench.deterministic: Qwen3-8B's / the default model's shapes, random weights,
-      # the default model's tokenizer (.device/qwen3-8b-det, .device/smollm2-135m-det: config.json and tokenizer only)
+      # the default model's tokenizer (.device/qwen3-8b-det, .device/smollm2-135m-det: config.json only, tools/device_prepare.sh)
       shapes=${part#detbench_}; [ "$shapes" = 8b ] && dir=.device/qwen3-8b-det || dir=.device/smollm2-135m-det
+      for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
+        cp .device/model/$f "$dir/"; done
       # shellcheck disable=SC2086  # DET_ARGS: more bench.deterministic arguments
       timeout "${LIMIT:-400}" python3 -m bench.deterministic --model "$dir" --random-weights ${DET_ARGS:-} \
         --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
