@@ -4,6 +4,8 @@
 # random  : random weights of the default model's shapes with its real tokenizer (.device/model): the stack beside its
 #           engine alone at 1 / 16 / 64 / 256 clients, speculation off; then one decode and one verify step's kernels
 #           (python -m bench.profile_step --trace --graph)
+# pyspy   : py-spy over every process of the stack at 256 clients (random weights, k = 0)
+# steady  : the stack beside its engine at 64 / 256 clients, 2,048 requests a run (random weights, k = 0)
 # throughput: the same random weights at 64 and 256 clients only, speculation off, stack beside engine
 # prefill : where a prompt's time to first token goes (python -m bench.profile_step --prefill)
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
@@ -54,7 +56,7 @@ mkdir -p /tmp/bench-root && ln -sfn "$PWD/bench" /tmp/bench-root/bench
 stack() {  # stack TREE NAME ARGS...: this tree's bench.stack over the code in TREE, its table last
   local tree name=$2; tree=$(cd "$1" && pwd); shift 2
   (cd /tmp/bench-root && PYTHONPATH=/tmp/site:$tree SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
-    timeout "${LIMIT:-560}" python3 -m bench.stack --device cuda --out "$OUT/$name.jsonl" \
+    timeout -s INT "${LIMIT:-560}" ${PROFILER:-} python3 -m bench.stack --device cuda --out "$OUT/$name.jsonl" \
       --stack-log "$OUT/$name.stack.log" "$@") >"$OUT/$name.log" 2>&1
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
 }
@@ -66,6 +68,15 @@ for part in "$@"; do
       stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
       timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
       echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+    pyspy)  # where each process of the stack spends a 256-client run (random weights, speculation off, 2,048
+      # requests): py-spy over all of them (.device/tools/py_spy-*.whl), raw stacks with thread ids, idle included
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
+      PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy.txt --" \
+        LIMIT=300 stack . pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 2048 --no-engine ;;
+    steady)  # random weights, 64 and 256 clients, speculation off, 2,048 requests a run: the stack beside its engine
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      LIMIT=${STACK_LIMIT:-400} stack . steady --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 2048 ;;
     throughput)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
