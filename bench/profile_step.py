@@ -2,7 +2,7 @@
 by kernel family (the one profiling tool; the probes it replaced are listed in docs/BENCHMARKS.md).
 
     python -m bench.profile_step MODEL_DIR [--no-compile]   # one batch-1 decode step x 20: the profiler's table
-    python -m bench.profile_step MODEL_DIR --trace [--graph]
+    python -m bench.profile_step MODEL_DIR --trace [--graph] [--deterministic]
     python -m bench.profile_step MODEL_DIR --prefill
 
 Without options it prints the profiler's table of one decode step x 20, run without CUDA graphs. With --trace it
@@ -10,7 +10,8 @@ prints instead the ordered kernel names of ONE decode step and ONE verify step (
 so that every kernel of a layer can be attributed (norm, GEMM, QK-norm + RoPE, KV write, attention, ...),
 then the kernels per layer of each step (the step's kernels minus those outside the layers, / layers).
 With --graph the traced steps are replays of the captured CUDA graphs (batch 1, widths 1 and 5): the kernels
-and durations of the graph itself, without the host-side copies of an eager step. --prefill: where a prompt's
+and durations of the graph itself, without the host-side copies of an eager step; with --deterministic, of the
+deterministic mode's model (its linears, norms and attention, uncompiled). --prefill: where a prompt's
 time to first token goes. `profiled_kernels` and `print_kernel_table` summarise any GPU run by kernel family
 (bench/gpu_throughput.py --kernels).
 """
@@ -166,7 +167,8 @@ def main() -> None:
     if "--prefill" in sys.argv:
         return prefill(sys.argv[1])
     runner = ModelRunner(sys.argv[1], device="cuda", dtype="bfloat16", block_size=256, kv_cache_bytes=1 << 30,
-                         max_model_len=4096, compile_model="--no-compile" not in sys.argv)
+                         max_model_len=4096, compile_model="--no-compile" not in sys.argv,
+                         deterministic="--deterministic" in sys.argv)
     table = [0, 1, 2]
     runner.execute(ScheduledBatch([ScheduledRequest("a", list(range(1, CONTEXT + 1)), 0, table, 0, 1)]))
     if "--trace" in sys.argv:

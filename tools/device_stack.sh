@@ -5,8 +5,9 @@
 #           engine alone at 1 / 16 / 64 / 256 clients, speculation off; then one decode and one verify step's kernels
 #           (python -m bench.profile_step --trace --graph)
 # pyspy   : py-spy over every process of the stack at 256 clients (random weights, k = 0)
-# steady  : the stack beside its engine at 64 / 256 clients, 2,048 requests a run (random weights, k = 0)
+# steady  : the stack beside its engine at 64 / 256 clients, 600 requests a run, twice (random weights, k = 0)
 # throughput: the same random weights at 64 and 256 clients only, speculation off, stack beside engine
+# dettrace: one step's kernels in the default and the deterministic mode (random weights of the default model)
 # prefill : where a prompt's time to first token goes (python -m bench.profile_step --prefill)
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
 #           beside its engine alone and Hugging Face at batch 1
@@ -68,15 +69,15 @@ for part in "$@"; do
       stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
       timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
       echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
-    pyspy)  # where each process of the stack spends a 256-client run (random weights, speculation off, 2,048
+    pyspy)  # where each process of the stack spends a 256-client run (random weights, speculation off, 600
       # requests): py-spy over all of them (.device/tools/py_spy-*.whl), raw stacks with thread ids, idle included
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
       PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy.txt --" \
-        LIMIT=300 stack . pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 2048 --no-engine ;;
-    steady)  # random weights, 64 and 256 clients, speculation off, 2,048 requests a run: the stack beside its engine
+        LIMIT=300 stack . pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 600 --passes 3 --no-engine ;;
+    steady)  # random weights, 64 and 256 clients, speculation off, 600 requests a run, twice: the stack beside its engine
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
-      LIMIT=${STACK_LIMIT:-400} stack . steady --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 2048 ;;
+      LIMIT=${STACK_LIMIT:-400} stack . steady --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 600 --passes 2 ;;
     throughput)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
@@ -139,6 +140,12 @@ for part in "$@"; do
       timeout "${LIMIT:-400}" python3 -m bench.deterministic --model "$dir" --random-weights ${DET_ARGS:-} \
         --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part (exit $?)"; tail -n 7 "$OUT/$part.log" ;;
+    dettrace)  # one batch-1 decode and verify step's kernels (graph replays), default mode then deterministic
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      for mode in "" --deterministic; do
+        timeout 200 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph $mode > "$OUT/trace$mode.log" 2>&1
+        echo "== trace $mode"; grep "kernels per step" "$OUT/trace$mode.log"
+      done ;;
     prefill)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
       timeout 400 python3 -m bench.profile_step /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1

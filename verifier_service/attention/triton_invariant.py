@@ -26,6 +26,7 @@ import triton.language as tl
 
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.triton_kv_write import write_kv as triton_write_kv
+from verifier_service.kernels.gemm_rows import empty_rows
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64
@@ -91,7 +92,7 @@ def invariant_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = heads // kv_heads
     block_m = tile_rows(group)
     tokens = block_m // group
-    out = torch.empty(query.shape, device=query.device, dtype=query.dtype)
+    out = empty_rows(query.shape, query)  # o_proj's input: room for its last GEMM's rows (kernels/gemm_rows.py)
     grid = (metadata.batch_size, kv_heads, triton.cdiv(metadata.max_seqlen_q, tokens))
     _attention_kernel[grid](query, k_cache, v_cache, metadata.block_tables, metadata.context_lens,
                             metadata.cu_seqlens_q, out, scale * LOG2E, metadata.block_tables.stride(0),

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from verifier_service.kernels.gemm_rows import empty_rows
+
 
 @triton.jit(do_not_specialize=["stride_token", "stride_head"])
 def _rope_kernel(X, COS, SIN, OUT, stride_token, stride_head, HEADS: tl.constexpr, D: tl.constexpr,
@@ -59,7 +61,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [tokens, 2 * size] -> silu(gate) * up [tokens, size] in one kernel."""
     gate_up = gate_up.contiguous()
     tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
-    out = torch.empty(tokens, size, device=gate_up.device, dtype=gate_up.dtype)
+    out = empty_rows((tokens, size), gate_up)  # the down projection's input: room for its last GEMM's rows
     if tokens:
         _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](gate_up, out, SIZE=size, BLOCK=1024, num_warps=4)
     return out

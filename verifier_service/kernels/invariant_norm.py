@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from verifier_service.kernels.gemm_rows import empty_rows
+
 
 @triton.jit(do_not_specialize=["eps", "stride_token", "stride_head", "stride_residual"])
 def _rms_kernel(X, RESIDUAL, WEIGHT, OUT, RESIDUAL_OUT, eps, stride_token, stride_head, stride_residual,
@@ -46,7 +48,7 @@ def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None,
     tokens, heads, size = view.shape
     if residual is not None and (heads != 1 or residual.stride(-1) != 1):
         raise ValueError("residual: only for [tokens, size] inputs with a contiguous last dimension")
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    out = empty_rows(x.shape, x)  # a linear's input: room for its last GEMM's rows
     residual_out = torch.empty_like(out) if residual is not None else None
     if tokens:
         _rms_kernel[(tokens, heads)](

@@ -10,21 +10,18 @@ every step.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
+from verifier_service.kernels.gemm_rows import GEMM_ROWS, padded, whole_chunks
 from verifier_service.kernels.invariant_norm import rms_norm
 from verifier_service.model.layers import MLP, Attention, RMSNorm
 
 
-CHUNK_ROWS = 64  # every GEMM of the mode has exactly this many rows
-
-
 class InvariantLinear(nn.Module):
     """nn.Linear's parameters (shared, not copied: a tied LM head stays tied), computed in GEMMs of exactly
-    CHUNK_ROWS rows (the last one padded with zeros), as the CPU's deterministic linears run oneDNN in fixed-row
-    chunks (model/cpu_linear.py). cuBLAS then picks one kernel, tiles and split of K for the weight whatever the step,
+    GEMM_ROWS rows (the last one read whole from a buffer with room for it: kernels/gemm_rows.py), as the CPU's
+    deterministic linears run oneDNN in fixed-row chunks (model/cpu_linear.py). cuBLAS then picks one kernel, tiles and split of K for the weight whatever the step,
     and a GEMM sums each output element of a row from that row and the weight alone: a row's bits do not depend on
     the rows beside it. At 1 to 64 rows a 64-row GEMM streams the same weight bytes as a 1-row one (within 5% on an
     H200 for Qwen3-8B's and the default model's weights); prompt chunks pay one weight read per 64 rows."""
@@ -37,13 +34,11 @@ class InvariantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in_features] -> [rows, out_features]."""
         rows = x.shape[0]
-        padded = -(-rows // CHUNK_ROWS) * CHUNK_ROWS
-        if padded != rows:
-            x = F.pad(x, (0, 0, 0, padded - rows))
-        y = x.new_empty(padded, self.out_features)
+        x = whole_chunks(x)
+        y = x.new_empty(padded(rows), self.out_features)
         weight = self.weight.t()
-        for first in range(0, padded, CHUNK_ROWS):
-            chunk, out = x[first:first + CHUNK_ROWS], y[first:first + CHUNK_ROWS]
+        for first in range(0, y.shape[0], GEMM_ROWS):
+            chunk, out = x[first:first + GEMM_ROWS], y[first:first + GEMM_ROWS]
             if self.bias is None:
                 torch.mm(chunk, weight, out=out)
             else:
