@@ -6,7 +6,8 @@ engine process (spawn: CUDA is only ever initialised there), and the two exchang
 
     serving -> engine   ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
     engine -> serving   ("ready", ModelLimits) | ("startup_error", line) | ("failed", message) once, then per step
-                        ("step", outputs, step_stats, load, num_added, drafter_fallbacks),
+                        ("step", outputs, step_stats, load, num_added, drafter_fallbacks) (outputs as columns:
+                        step_message.py),
                         ("load", load, num_added) after additions or aborts between steps,
                         ("rank_failure", reason) when a tensor-parallel rank dies or hangs
 
@@ -31,6 +32,7 @@ from multiprocessing.connection import Connection
 
 from specd.sampling import SamplingParams
 from specd.startup_errors import StartupError
+from verifier_service import step_message
 from verifier_service.convert import ModelLimits
 from verifier_service.engine.outputs import EngineLoad
 from verifier_service.metrics import VerifierMetricsExporter
@@ -120,9 +122,9 @@ class EngineClient:
                 break
             kind = message[0]
             if kind == "step":
-                _, items, steps, load, num_added, fallbacks = message
+                _, packed, steps, load, num_added, fallbacks = message
                 self._loaded(load, num_added)
-                self._router.deliver(items)
+                self._router.deliver(step_message.unpack(packed))
                 self._exporter.export(steps, load, fallbacks)
             elif kind == "load":
                 self._loaded(*message[1:])
@@ -208,7 +210,8 @@ def _load(config, send):
     def after_step() -> None:
         items = step_items[:]
         step_items.clear()
-        send(("step", items, engine.take_step_stats(), engine_loop.load, engine_loop.num_added, fallbacks()))
+        send(("step", step_message.pack(items), engine.take_step_stats(), engine_loop.load, engine_loop.num_added,
+              fallbacks()))
 
     engine_loop = EngineLoop(engine, after_step=after_step, emit=step_items.extend)
     engine_loop.limits = ModelLimits(name=resolve_model_path(config.engine.model).name,
