@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,21 @@ def home(tmp_path, monkeypatch, pinned_gguf):
     monkeypatch.setenv(environment.DEFAULT_GGUF, str(gguf))
     shutil.copytree(converted, default_model.default_model_dir())
     return gguf
+
+
+@pytest.fixture
+def conversions(monkeypatch) -> list[Path]:
+    """Each conversion's folder, made by copying the conversion `make test` made (the converter itself took ~30 s a
+    run): these tests are about when the folder is converted again, and what is stamped."""
+    converted, made = default_model.ensure_default_model(), []
+
+    def copy_conversion(gguf_path: Path, out_dir: Path) -> None:
+        made.append(out_dir)
+        shutil.copytree(converted, out_dir)
+        (out_dir / default_model.STAMP_FILE).unlink()
+
+    monkeypatch.setattr(default_model, "_convert_gguf", copy_conversion)
+    return made
 
 
 def weights_inode() -> int:
@@ -63,22 +79,24 @@ def test_a_conversion_is_reused_while_its_stamp_matches(home):
     assert weights_inode() == before
 
 
-def test_a_new_converter_version_converts_again(home, monkeypatch):
+def test_a_new_converter_version_converts_again(home, monkeypatch, conversions):
     default_model.ensure_default_model()
     before = weights_inode()
+    assert conversions == []
     monkeypatch.setattr(default_model, "CONVERTER_VERSION", default_model.CONVERTER_VERSION + 1)
     path = default_model.ensure_default_model()
-    assert weights_inode() != before
+    assert len(conversions) == 1 and weights_inode() != before
     assert default_model.read_stamp(path)["converter_version"] == default_model.CONVERTER_VERSION
 
 
-def test_a_different_gguf_converts_again(home):
+def test_a_different_gguf_converts_again(home, conversions):
     path = default_model.ensure_default_model()
     before = weights_inode()
+    assert conversions == []
     with open(home, "ab") as gguf:  # bytes past the tensors' data: the same model, a different file
         gguf.write(b"\0" * 64)
     default_model.ensure_default_model()
-    assert weights_inode() != before
+    assert len(conversions) == 1 and weights_inode() != before
     assert default_model.read_stamp(path)["gguf_sha256"] == default_model.file_sha256(home)
 
 
