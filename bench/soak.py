@@ -1,15 +1,17 @@
-"""Soak: a bounded load run against a whole stack, with the drafter killed in the middle.
+"""Soak: a bounded load run against a whole stack, with the drafter killed and a verifier restarted in the middle.
 
-    python -m bench.soak                          # 64 streaming clients for 5 minutes, default model
+    python -m bench.soak                          # 64 streaming clients for 5 minutes, default model, CPU
     python -m bench.soak --clients 16 --duration 45 --json out.json
+    python -m bench.soak --device cuda --dtype bfloat16 --duration 480     # on a GPU
 
-The stack runs as real processes on free loopback ports (bench/local_stack.py). First the greedy
-reference of every prompt is taken with speculation off; then `--clients` concurrent streaming gRPC
-clients send greedy requests back to back for `--duration` seconds. At `--kill-at` of the run the
-drafter is SIGKILLed and restarted `--down-for` seconds later. The report: requests sent, completed,
-errored (by status code), outputs that differ from the reference, latency percentiles, drafter
-fallbacks, and the verifier's and gateway's resident memory at start and end. Target: nothing lost
-or wrong.
+The stack runs as real processes on free loopback ports (bench/local_stack.py): a drafter, `--verifiers`
+verifiers and a gateway. First the greedy reference of every prompt is taken with speculation off; then
+`--clients` concurrent streaming gRPC clients send greedy requests back to back for `--duration` seconds. At
+`--kill-at` of the run the drafter is SIGKILLed, at `--restart-verifier-at` the last verifier (a crash: no drain),
+each started again `--down-for` seconds later. The report: requests sent, completed, errored (by status code),
+outputs that differ from the reference, latency percentiles, drafter fallbacks, what was killed when, and each
+service's resident memory at start, after a tenth of the run and at the end. Target: nothing lost or wrong (the
+gateway resumes the dead verifier's requests on another).
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class SoakReport:
     ttft_p50_seconds: float = float("nan")
     ttft_p99_seconds: float = float("nan")
     drafter_fallbacks: float = 0.0
+    events: list[str] = field(default_factory=list)  # what was killed and started again, when (seconds into the run)
     # service -> (before the load, after the first tenth of it (allocator pools warm), at the end)
     rss_mib: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
@@ -109,16 +112,21 @@ async def _sample_rss(stack: Stack, at: float, samples: list) -> None:
     samples.append(await asyncio.to_thread(_rss_mib, stack))
 
 
-async def _kill_drafter(stack: Stack, at: float, down_for: float) -> None:
+async def _kill_and_restart(stack: Stack, name: str, at: float, down_for: float, events: list[str]) -> None:
+    """SIGKILLs the service `at` seconds into the run and starts it again `down_for` seconds later."""
+    started = time.monotonic()
     await asyncio.sleep(at)
-    stack.kill("drafter")
+    stack.kill(name)
+    events.append(f"{name} killed at {time.monotonic() - started:.0f} s")
     await asyncio.sleep(down_for)
-    await asyncio.to_thread(stack.restart, "drafter")
+    await asyncio.to_thread(stack.restart, name)
+    events.append(f"{name} serving again at {time.monotonic() - started:.0f} s")
 
 
 def _rss_mib(stack: Stack) -> dict[str, float]:
+    """Each running service's resident memory (a restarted one's new process)."""
     return {name: psutil.Process(s.process.pid).memory_info().rss / 2**20
-            for name, s in stack.services.items() if name != "drafter"}
+            for name, s in stack.services.items() if name != "drafter" and s.process.poll() is None}
 
 
 def _greedy_reference(address: str, prompt: str, max_tokens: int) -> list[int]:
@@ -130,23 +138,32 @@ def _greedy_reference(address: str, prompt: str, max_tokens: int) -> list[int]:
         return [token_id for response in responses for token_id in response.token_ids]
 
 
-def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24,
-             kill_at: float = 0.5, down_for: float = 5.0) -> SoakReport:
-    """Runs the load against a started stack (with a drafter) and returns the report."""
+def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24, kill_at: float = 0.5,
+             down_for: float = 5.0, restart_verifier_at: float | None = None) -> SoakReport:
+    """Runs the load against a started stack (with a drafter) and returns the report; with restart_verifier_at,
+    the last verifier is killed at that fraction of the run too."""
+    faults = [("drafter", kill_at)]
+    if restart_verifier_at is not None:
+        verifiers = sorted(name for name in stack.services if name.startswith("verifier"))
+        if len(verifiers) < 2:
+            raise ValueError("restart_verifier_at: needs two verifiers or more (one keeps serving, and counting)")
+        faults.append((verifiers[-1], restart_verifier_at))
     reference = {p: _greedy_reference(stack.gateway_address, p, max_tokens) for p in PROMPTS}
     load = _Load(reference)
     fallbacks = metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total")
     rss_start = _rss_mib(stack)
 
     rss_warm: list[dict[str, float]] = []
+    events: list[str] = []
 
     async def main() -> None:
-        killer = asyncio.create_task(_kill_drafter(stack, duration * kill_at, down_for))
-        sampler = asyncio.create_task(_sample_rss(stack, duration * 0.1, rss_warm))
+        tasks = [asyncio.create_task(_kill_and_restart(stack, name, duration * at, down_for, events))
+                 for name, at in faults]
+        tasks.append(asyncio.create_task(_sample_rss(stack, duration * 0.1, rss_warm)))
         await _clients(stack.gateway_address, load, clients, time.monotonic() + duration, max_tokens)
-        await asyncio.gather(killer, sampler)
+        await asyncio.gather(*tasks)
 
-    started = time.monotonic()
+    started, nan = time.monotonic(), float("nan")
     asyncio.run(main())
     rss_end = _rss_mib(stack)
     latencies, ttfts = np.array(load.latencies or [np.nan]), np.array(load.ttfts or [np.nan])
@@ -157,7 +174,8 @@ def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24,
         latency_p99_seconds=float(np.percentile(latencies, 99)),
         ttft_p50_seconds=float(np.percentile(ttfts, 50)), ttft_p99_seconds=float(np.percentile(ttfts, 99)),
         drafter_fallbacks=metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total") - fallbacks,
-        rss_mib={name: (rss_start[name], rss_warm[0][name], rss_end[name]) for name in rss_start})
+        events=sorted(events, key=lambda event: int(event.split()[-2])),
+        rss_mib={name: (rss_start[name], rss_warm[0].get(name, nan), rss_end.get(name, nan)) for name in rss_start})
 
 
 def format_report(report: SoakReport) -> str:
@@ -169,7 +187,8 @@ def format_report(report: SoakReport) -> str:
             ("outputs differing from greedy reference", report.wrong),
             ("latency p50 / p99 (s)", f"{report.latency_p50_seconds:.2f} / {report.latency_p99_seconds:.2f}"),
             ("TTFT p50 / p99 (s)", f"{report.ttft_p50_seconds:.2f} / {report.ttft_p99_seconds:.2f}"),
-            ("drafter fallbacks (steps)", f"{report.drafter_fallbacks:.0f}")]
+            ("drafter fallbacks (steps), verifier-0", f"{report.drafter_fallbacks:.0f}"),
+            ("faults", "; ".join(report.events) or "none")]
     rows += [(f"RSS {name}: start / after 10% / end (MiB)", f"{start:.0f} / {warm:.0f} / {end:.0f}")
              for name, (start, warm, end) in report.rss_mib.items()]
     return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
@@ -181,12 +200,20 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of load")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--kill-at", type=float, default=0.5, help="fraction of the run when the drafter dies")
-    parser.add_argument("--down-for", type=float, default=10.0, help="seconds before the drafter restarts")
+    parser.add_argument("--restart-verifier-at", type=float, default=0.75,
+                        help="fraction of the run when the last verifier dies (negative: never)")
+    parser.add_argument("--down-for", type=float, default=10.0, help="seconds before a killed service starts again")
+    parser.add_argument("--verifiers", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--model", default="default")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
-    stack = Stack(num_verifiers=1).start()
+    stack = Stack(num_verifiers=args.verifiers,
+                  extra_args=("--device", args.device, "--dtype", args.dtype, "--model", args.model)).start()
     try:
-        report = run_soak(stack, args.clients, args.duration, args.max_tokens, args.kill_at, args.down_for)
+        report = run_soak(stack, args.clients, args.duration, args.max_tokens, args.kill_at, args.down_for,
+                          args.restart_verifier_at if args.restart_verifier_at >= 0 else None)
     finally:
         stack.stop()
     print(format_report(report))

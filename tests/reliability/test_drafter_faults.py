@@ -1,7 +1,6 @@
 """Drafter faults cost no request and no time (one stack, one drafter, one verifier, a gateway).
 
-- Killed and restarted mid-run under load (a short run of the soak benchmark, bench/soak.py): nothing lost, nothing
-  different from the greedy reference, fallbacks counted, and drafting comes back after the restart.
+- Killed and restarted: drafting comes back after the restart (killed under load, in the soak: test_soak.py).
 - Slow (--inject-delay-ms far beyond the per-step budget): each step waits for drafts only up to the
   drafter client's deadline, then decodes without them; output is unchanged.
 """
@@ -9,7 +8,6 @@ import time
 
 import pytest
 
-from bench import soak
 from bench.local_stack import Stack, metric_value
 from support.e2e_clients import generate
 
@@ -30,17 +28,11 @@ def verifier_metric(stack, name: str, **labels) -> float:
     return metric_value(stack.metrics_url("verifier-0"), name, **labels)
 
 
-def test_short_soak_with_a_drafter_kill_loses_nothing_and_changes_nothing(stack):
-    report = soak.run_soak(stack, clients=12, duration=30.0, max_tokens=16, kill_at=0.4, down_for=4.0)
-    print("\n" + soak.format_report(report))
-    assert report.completed >= report.clients, "too little load to mean anything"
-    assert report.lost == 0 and report.errored == {}, report
-    assert report.wrong == 0, report
-    assert report.drafter_fallbacks > 0  # the kill happened under load and was absorbed
-
-
 def test_drafting_resumes_after_the_drafter_restarts(stack):
-    assert stack.services["drafter"].process.poll() is None  # the soak restarted it
+    stack.kill("drafter")
+    without = generate(stack.gateway_address, REPEATING_PROMPT, MAX_TOKENS, num_speculative_tokens=4)
+    assert without.usage.accepted_tokens == 0  # decoded without drafts, not failed
+    stack.restart("drafter")
     for _ in range(3):  # the verifier reconnects in the background; give it a request or two
         result = generate(stack.gateway_address, REPEATING_PROMPT, MAX_TOKENS, num_speculative_tokens=4)
         if result.usage.accepted_tokens > 0:
