@@ -29,6 +29,7 @@
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
+# soak    : the real weights, python -m bench.soak on the GPU (two verifiers on it, 64 clients, SOAK_S s: 420)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # detkernels / dettests: tests/gpu/test_deterministic_cuda.py, its kernel tests alone / all of it (real weights)
 # detbench / detbench_8b / detbench_135m: python -m bench.deterministic on the real weights / Qwen3-8B's or the
@@ -122,6 +123,10 @@ for part in "$@"; do
       LIMIT=${STACK_LIMIT:-300} stack . ttft --clients 1 16 --ks 0 4 --num-requests 64 --batch1-requests 24 --no-engine ;;
     piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
+    soak) default_model || continue  # 64 clients for SOAK_S seconds: the drafter killed, then a verifier restarted
+      timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda --dtype bfloat16 --clients 64 \
+        --duration "${SOAK_S:-420}" --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+      echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
