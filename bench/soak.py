@@ -2,7 +2,7 @@
 
     python -m bench.soak                          # 64 streaming clients for 5 minutes, default model, CPU
     python -m bench.soak --clients 16 --duration 45 --json out.json
-    python -m bench.soak --device cuda --dtype bfloat16 --duration 480     # on a GPU
+    python -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes 8589934592   # two verifiers on one GPU
 
 The stack runs as real processes on free loopback ports (bench/local_stack.py): a drafter, `--verifiers`
 verifiers and a gateway. First the greedy reference of every prompt is taken with speculation off; then
@@ -207,10 +207,13 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--model", default="default")
+    parser.add_argument("--kv-cache-bytes", type=int, help="each verifier's KV cache (verifiers that share a GPU)")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
-    stack = Stack(num_verifiers=args.verifiers,
-                  extra_args=("--device", args.device, "--dtype", args.dtype, "--model", args.model)).start()
+    extra_args = ("--device", args.device, "--dtype", args.dtype, "--model", args.model)
+    if args.kv_cache_bytes is not None:
+        extra_args += ("--kv-cache-bytes", str(args.kv_cache_bytes))
+    stack = Stack(num_verifiers=args.verifiers, extra_args=extra_args).start()
     try:
         report = run_soak(stack, args.clients, args.duration, args.max_tokens, args.kill_at, args.down_for,
                           args.restart_verifier_at if args.restart_verifier_at >= 0 else None)
