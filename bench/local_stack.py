@@ -33,8 +33,12 @@ START_TIMEOUT_SECONDS = 240.0
 _LOWEST_PORT = 10_000  # free_port's ports lie in [this, the kernel's first ephemeral port)
 
 
+_handed_out: set[int] = set()  # free_port's ports so far: a stack's services are only started after all are chosen
+
+
 def free_port() -> int:
-    """A loopback TCP port nothing listens on now, below the kernel's range of ephemeral ports.
+    """A loopback TCP port nothing listens on now, below the kernel's range of ephemeral ports, and never one it
+    returned before in this process (two services of one stack drew the same port: "cannot listen on ... (in use?)").
 
     Binding port 0 would hand out an ephemeral port, which any connection opened before the server binds it may
     take as its own local port (a CI run lost a stack fixture to that: "cannot listen on 127.0.0.1:58591"). No
@@ -42,7 +46,8 @@ def free_port() -> int:
     low = _ephemeral_ports_start()
     for _ in range(200):
         port = random.randrange(_LOWEST_PORT, low)
-        if port_is_free(port):
+        if port not in _handed_out and port_is_free(port):
+            _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port in [{_LOWEST_PORT}, {low})")
 

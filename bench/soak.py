@@ -124,9 +124,20 @@ async def _kill_and_restart(stack: Stack, name: str, at: float, down_for: float,
 
 
 def _rss_mib(stack: Stack) -> dict[str, float]:
-    """Each running service's resident memory (a restarted one's new process)."""
-    return {name: psutil.Process(s.process.pid).memory_info().rss / 2**20
+    """Each running service's resident memory, its processes together (a verifier's engine process, the gateway's
+    workers; a restarted service's new ones)."""
+    return {name: _tree_rss(psutil.Process(s.process.pid)) / 2**20
             for name, s in stack.services.items() if name != "drafter" and s.process.poll() is None}
+
+
+def _tree_rss(process: psutil.Process) -> int:
+    rss = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            rss += member.memory_info().rss
+        except psutil.NoSuchProcess:  # a compile worker that just ended
+            pass
+    return rss
 
 
 def _greedy_reference(address: str, prompt: str, max_tokens: int) -> list[int]:
