@@ -12,8 +12,9 @@ Then the engine alone runs in this process on exactly the same requests (the gat
 same messages, the verifier's own engine config, the drafter's rule in process), as many at a time as there were
 clients. Each row reports output tok/s, TTFT and inter-event latency (one event per step that emitted text for the
 request) p50 / p99, request latency p50 / p99, errors, tokens per step and accepted / proposed, the verifier's stage
-means per step and each process's CPU microseconds per output token; ratios to the engine alone, to speculation off
-and, at one client, to Hugging Face generate (--hf: plain greedy against k = 0, the best prompt lookup against k > 0). Results go to --out as JSON lines; a short
+means per step, the forward passes by path (CUDA graph, piecewise graphs, eager) and each process's CPU microseconds
+per output token; ratios to the engine alone, to speculation off and, at one client, to Hugging Face generate (--hf:
+plain greedy against k = 0, the best prompt lookup against k > 0). Results go to --out as JSON lines; a short
 table is printed last.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from bench.instruction_prompts import instruction_prompts  # noqa: E402
 from bench.sse_load import StreamRecord, chat_body, run_load  # noqa: E402
 
 STAGES = ("schedule", "propose", "score", "verify", "update")
+PATHS = ("graph", "piecewise", "eager")  # how a forward pass ran (specd_forward_passes_total's path)
 SERVICES = ("gateway", "verifier", "drafter")
 # The command's module: specd_cli, or specd.cli in a tree from before it (measured as the baseline).
 CLI_MODULE = "specd_cli" if importlib.util.find_spec("specd_cli") is not None else "specd.cli"
@@ -65,6 +67,7 @@ class Row:
     accepted_tokens: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per engine step
     late: float = float("nan")  # share of the engine's steps whose drafts the drafter did not deliver in time
+    forwards: dict[str, float] = field(default_factory=dict)  # forward passes by path: graph, piecewise, eager
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -126,6 +129,8 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
                 values[sample.labels["stage"]] = sample.value
             elif sample.name == "specd_step_seconds_count":
                 values["steps"] = sample.value
+            elif sample.name == "specd_forward_passes_total":
+                values[f"forwards {sample.labels['path']}"] = sample.value
             elif sample.name in ("specd_spec_decode_num_draft_tokens_total",
                                  "specd_spec_decode_num_accepted_tokens_total", "specd_drafter_fallbacks_total"):
                 values[sample.name] = sample.value
@@ -160,6 +165,7 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     fallbacks = "specd_drafter_fallbacks_total"
     row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
+    row.forwards = {path: after.get(f"forwards {path}", 0) - before.get(f"forwards {path}", 0) for path in PATHS}
     return row
 
 
@@ -253,6 +259,9 @@ def _closed_loop(engine, prompts: list[list[int]], clients: int, k: int, max_tok
     stats = engine.take_step_stats()
     if stats:
         row.stage_ms = {s: 1000 * sum(st.stage_seconds.get(s, 0.0) for st in stats) / len(stats) for s in STAGES}
+        graph, piecewise = (sum(st.num_graph_replays for st in stats), sum(st.num_piecewise_replays for st in stats))
+        row.forwards = {"graph": graph, "piecewise": piecewise,
+                        "eager": sum(len(st.forward_tokens) for st in stats) - graph - piecewise}
     return row
 
 
@@ -301,12 +310,13 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
     hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
     print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
           f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}{'late':>6}  {'stage ms propose/score/verify':<30}"
-          f"{'CPU us/token gw/ver/dr':>24}")
+          f"{'CPU us/token gw/ver/dr':>24}{'forwards graph/piece/eager':>28}")
     for r in rows:
         versus_engine = engine.get((r.clients, r.k))
         versus_plain = plain.get((r.label.split()[0], r.clients))
         cpu = "/".join(f"{r.cpu_us_per_token[s]:.0f}" for s in SERVICES) if r.cpu_us_per_token else "-"
         stages = "/".join(f"{r.stage_ms.get(s, 0):.2f}" for s in ("propose", "score", "verify"))
+        forwards = "/".join(f"{r.forwards.get(p, 0):.0f}" for p in PATHS) if r.forwards else "-"
         versus_hf = hf_best[min(r.k, 1)] if r.clients == 1 and r.label != "hf" else None
         print(f"{r.label + f' c={r.clients} k={r.k}':<18}{r.tokens_per_second:>9.0f}"
               f"{r.tokens_per_second / versus_engine.tokens_per_second if versus_engine and r.label.startswith('stack') else float('nan'):>8.2f}"
@@ -315,7 +325,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
               f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}  "
-              f"{stages:<30}{cpu:>24}",
+              f"{stages:<30}{cpu:>24}{forwards:>28}",
               flush=flush)
 
 
