@@ -56,7 +56,7 @@ class SoakReport:
     ttft_p50_seconds: float = float("nan")
     ttft_p99_seconds: float = float("nan")
     drafter_fallbacks: float = 0.0
-    events: list[str] = field(default_factory=list)  # what was killed and started again, when (seconds into the run)
+    events: list[str] = field(default_factory=list)  # what was killed and started again, when, in that order
     # service -> (before the load, after the first tenth of it (allocator pools warm), at the end)
     rss_mib: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
@@ -185,7 +185,7 @@ def run_soak(stack: Stack, clients: int, duration: float, max_tokens: int = 24, 
         latency_p99_seconds=float(np.percentile(latencies, 99)),
         ttft_p50_seconds=float(np.percentile(ttfts, 50)), ttft_p99_seconds=float(np.percentile(ttfts, 99)),
         drafter_fallbacks=metric_value(stack.metrics_url("verifier-0"), "specd_drafter_fallbacks_total") - fallbacks,
-        events=sorted(events, key=lambda event: int(event.split()[-2])),
+        events=events,
         rss_mib={name: (rss_start[name], rss_warm[0].get(name, nan), rss_end.get(name, nan)) for name in rss_start})
 
 
