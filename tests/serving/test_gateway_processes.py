@@ -66,24 +66,27 @@ def test_metrics_sum_every_process_whichever_answers(stack):
     assert len(counted) == 1 and counted.pop() >= NUM_REQUESTS  # the first test's requests are counted too
 
 
-def start_gateway(http_port: int, grpc_port: int, *extra: str) -> subprocess.Popen:
-    """A gateway of two processes with no verifier behind it (it starts, and answers /health with 503)."""
+def start_gateway(http_port: int, grpc_port: int, log=subprocess.PIPE) -> subprocess.Popen:
+    """A gateway of two processes with no verifier behind it (it starts, and answers /health with 503); its output
+    goes to `log` (a file: nothing then waits for a reader while it runs)."""
     argv = [sys.executable, "-m", "specd_cli", "gateway", "--host", "127.0.0.1", "--port", str(grpc_port),
             "--http-port", str(http_port), "--verifier-addr", f"127.0.0.1:{free_port()}", "--gateway-processes", "2",
-            "--drain-seconds", "1", *extra]
-    return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            "--drain-seconds", "1"]
+    return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture
 def lone_gateway(tmp_path):
     http_port, grpc_port = free_port(), free_port()
-    process = start_gateway(http_port, grpc_port)
-    wait_serving(f"127.0.0.1:{grpc_port}", process, tmp_path / "none.log")
+    log_path = tmp_path / "gateway.log"
+    with open(log_path, "w") as log:
+        process = start_gateway(http_port, grpc_port, log)
+    wait_serving(f"127.0.0.1:{grpc_port}", process, log_path)
     deadline = time.monotonic() + 60
     while len(workers(process)) < 2 or not all(_listening(p, http_port) for p in workers(process)):
         assert time.monotonic() < deadline, "both workers should listen"
         time.sleep(0.1)
-    yield process, http_port, grpc_port
+    yield process, http_port, grpc_port, log_path
     if process.poll() is None:
         process.kill()
         process.wait()
@@ -94,7 +97,7 @@ def _listening(process: psutil.Process, port: int) -> bool:
 
 
 def test_sigterm_stops_every_process_cleanly(lone_gateway):
-    process, _, _ = lone_gateway
+    process, _, _, _ = lone_gateway
     tree = workers(process)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
@@ -102,16 +105,16 @@ def test_sigterm_stops_every_process_cleanly(lone_gateway):
 
 
 def test_a_dead_process_takes_the_gateway_down_non_zero(lone_gateway):
-    process, _, _ = lone_gateway
+    process, _, _, log_path = lone_gateway
     first, second = workers(process)
     first.kill()
     assert process.wait(timeout=30) == 1
-    assert "exited with code -9; stopping the gateway" in process.stdout.read()
+    assert "exited with code -9; stopping the gateway" in log_path.read_text()
     second.wait(timeout=5)
 
 
 def test_ports_in_use_fail_before_any_process_starts(lone_gateway):
-    _, http_port, grpc_port = lone_gateway
+    _, http_port, grpc_port, _ = lone_gateway
     second = start_gateway(http_port, grpc_port)
     output, _ = second.communicate(timeout=60)
     assert second.returncode == 2
