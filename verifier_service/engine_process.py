@@ -208,10 +208,9 @@ def _load(config, send):
     step_items: list = []
 
     def after_step() -> None:
-        items = step_items[:]
+        packed = step_message.pack(step_items)  # new lists: the step's items can go
         step_items.clear()
-        send(("step", step_message.pack(items), engine.take_step_stats(), engine_loop.load, engine_loop.num_added,
-              fallbacks()))
+        send(("step", packed, engine.take_step_stats(), engine_loop.load, engine_loop.num_added, fallbacks()))
 
     engine_loop = EngineLoop(engine, after_step=after_step, emit=step_items.extend)
     engine_loop.limits = ModelLimits(name=resolve_model_path(config.engine.model).name,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
-from verifier_service.kernels.gemm_rows import GEMM_ROWS, padded, whole_chunks
+from verifier_service.kernels.gemm_rows import GEMM_ROWS, whole_chunks
 from verifier_service.kernels.invariant_norm import rms_norm
 from verifier_service.model.layers import MLP, Attention, RMSNorm
 
@@ -34,8 +34,8 @@ class InvariantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in_features] -> [rows, out_features]."""
         rows = x.shape[0]
-        x = whole_chunks(x)
-        y = x.new_empty(padded(rows), self.out_features)
+        x = whole_chunks(x)  # [whole GEMMs of rows, in_features]
+        y = x.new_empty(x.shape[0], self.out_features)
         weight = self.weight.t()
         for first in range(0, y.shape[0], GEMM_ROWS):
             chunk, out = x[first:first + GEMM_ROWS], y[first:first + GEMM_ROWS]
