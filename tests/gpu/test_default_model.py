@@ -11,7 +11,7 @@ from support.engine_runs import generate_greedy, top2_gap
 pytestmark = pytest.mark.gpu
 BLOCK = 256
 MAX_TOKENS = 96
-NEAR_TIE = 0.5  # top-1 minus top-2 logit: at most four bf16 steps at logits of 16-32
+NEAR_TIE = 0.1  # top-1 minus top-2 logit, as the other GPU tests (test_graphs_and_engine.py)
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,8 @@ def test_fused_rope_and_silu_and_mul_compute_what_the_eager_ops_do():
 
 def test_attention_gives_a_token_the_same_bits_at_decode_verify_and_prefill():
     """Sequence 0's token at position 700 alone (decode), as the 3rd of 5 verify tokens beside two other sequences,
-    and inside a 400-token prompt chunk beside a decode and a verify run (a mixed step)."""
+    and inside a 400-token prompt chunk beside a decode and a verify run (a mixed step); sequence 1's token at
+    position 200 (a row of one run) alone and inside its prompt."""
     from verifier_service.attention.triton_invariant import invariant_attention
 
     kv_heads, group, head_dim = 3, 3, 64
@@ -101,10 +102,13 @@ def test_attention_gives_a_token_the_same_bits_at_decode_verify_and_prefill():
         assert float((out.float() - reference).norm() / reference.norm()) < 0.01
         return out
 
-    decode = step([0], [1], [701])[0]
+    decode = step([0], [1], [701])[0]  # 701 keys: three runs, merged by the second kernel
     verify = step([1, 0, 2], [5, 5, 5], [600, 703, 800])[5 + 2]
     mixed = step([2, 0, 1], [1, 400, 5], [900, 1000, 650])[1 + 700 - 600]
     assert bits_equal(decode, verify) and bits_equal(decode, mixed)
+    one_run = step([1], [1], [201])[0]  # 201 keys: one run, written by the first kernel
+    chunk = step([2, 1], [1, 300], [900, 300])[1 + 200]
+    assert bits_equal(one_run, chunk)
 
 
 # -- the default model through the engine ------------------------------------------------------------------------
