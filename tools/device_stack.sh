@@ -32,6 +32,7 @@
 # soak    : the real weights, python -m bench.soak on the GPU (two verifiers on it, 64 clients, SOAK_S s: 420)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # detkernels / dettests: tests/gpu/test_deterministic_cuda.py, its kernel tests alone / all of it (real weights)
+# defaulttest: tests/gpu/test_default_model.py (real weights), each differing prompt's top-2 gap printed
 # detbench / detbench_8b / detbench_135m: python -m bench.deterministic on the real weights / Qwen3-8B's or the
 #           default model's shapes at random (DET_ARGS: more of its arguments)
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
@@ -136,6 +137,9 @@ for part in "$@"; do
     dettests) default_model || continue  # the deterministic mode on the default model through the engine
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-400}" python3 -m pytest -q -p no:cacheprovider -rs \
         tests/gpu/test_deterministic_cuda.py 2>&1 | tee "$OUT/dettests.log" | tail -15 ;;
+    defaulttest) default_model || continue  # the default mode's greedy text with and without drafts (near-ties)
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
+        tests/gpu/test_default_model.py 2>&1 | tee "$OUT/defaulttest.log" | grep -E "prompt|identical|passed|failed" ;;
     detbench) default_model || continue  # bench.deterministic: the default model's real weights
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-400}" python3 -m bench.deterministic \
         --out "$OUT/detbench.json" > "$OUT/detbench.log" 2>&1
