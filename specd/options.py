@@ -214,7 +214,7 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        default=environment.option("deterministic", "").lower() in ("1", "true", "yes"),
                        help="verifier: batch-invariant kernels, so greedy text (and seeded sampling) is the same "
                             "with or without speculation, alone or in any batch, run after run, in bfloat16 too "
-                            "(not with tensor parallelism)")
+                            "(tensor parallelism on the CPU only)")
     group.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING,
                        default=environment.option("async_scheduling", defaults.async_scheduling),
                        help="verifier: schedule and launch the next step while the device runs this one, where "

@@ -93,5 +93,5 @@ def test_the_mode_refuses_where_its_kernels_are_not_built():
         _check_deterministic(torch.device("cuda"), torch.bfloat16, None, head_dim=96)
     with pytest.raises(ValueError, match="block_size 16"):
         _check_deterministic(torch.device("cuda"), torch.bfloat16, None, block_size=16)
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        EngineConfig(deterministic=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor parallelism on CUDA"):
+        _check_deterministic(torch.device("cuda"), torch.bfloat16, object())  # a rank's shard

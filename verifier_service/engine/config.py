@@ -37,8 +37,8 @@ class EngineConfig:
     deterministic: batch-invariant kernels (model_runner.py: fixed-row linears, attention/invariant.py on the CPU,
         model/invariant_layers.py and attention/triton_invariant.py on CUDA), so a token's logits do not depend on
         the batch, on the step's query tokens or on KV paging: greedy text is the same with and without
-        speculation, alone or in any batch, run after run, in bfloat16 too. One process only (the runner refuses
-        tensor parallelism).
+        speculation, alone or in any batch, run after run, in bfloat16 too. Tensor parallelism only on the CPU
+        (all-reduces summed in rank order; on CUDA the runner refuses it).
     """
 
     model: str = "default"
@@ -83,8 +83,6 @@ class EngineConfig:
             (self.max_draft_batch_size >= 0, "max_draft_batch_size", "must be >= 0 (0 = no limit)"),
             (1 <= self.min_ngram <= self.max_ngram, "min_ngram", "need 1 <= min_ngram <= max_ngram"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1"),
-            (not (self.deterministic and self.tensor_parallel_size > 1), "deterministic",
-             "not with tensor_parallel_size > 1 (sharded linears are not batch-invariant)"),
         ]
         for ok, name, message in checks:
             if not ok:

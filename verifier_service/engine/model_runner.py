@@ -26,7 +26,8 @@ from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
 from verifier_service.model.cpu_linear import onednn_linear_enabled, prepack_linears
-from verifier_service.sharding.collectives import min_over_ranks, use_one_shot
+from verifier_service.sharding.collectives import min_over_ranks, use_fixed_order, use_one_shot
+from verifier_service.sharding.layers import use_fixed_rows
 from verifier_service.sharding.one_shot_all_reduce import set_up as set_up_one_shot
 from verifier_service.sharding.shard import RankShard
 
@@ -91,7 +92,9 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES, block_bytes)
         if shard is not None:  # block ids are shared by every rank: each must hold all of them
             num_blocks = min_over_ranks(num_blocks, self.device)
-            use_one_shot(set_up_one_shot(self.dtype, self.device))  # before any graph captures an all-reduce
+            use_fixed_order(deterministic)
+            if not deterministic:
+                use_one_shot(set_up_one_shot(self.dtype, self.device))  # before any graph captures an all-reduce
         self.kv_cache = KVCache.allocate(local_config, num_blocks, block_size, self.dtype, self.device)
         self.num_blocks = num_blocks
         self.backend = (_invariant_backend(self.device) if deterministic
@@ -108,6 +111,8 @@ class ModelRunner:
             compile_regions(self.model, self.static_token_counts)
         if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
             prepack_linears(self.model, fixed_rows=DETERMINISTIC_LINEAR_ROWS if deterministic else None)
+            if deterministic and shard is not None:
+                use_fixed_rows(self.model, DETERMINISTIC_LINEAR_ROWS)
         self.graphs: GraphedSteps | None = None
         self.pieces: PiecewiseGraphs | None = None
 
@@ -252,11 +257,13 @@ def _invariant_backend(device: torch.device):
 
 def _check_deterministic(device: torch.device, dtype: torch.dtype, shard: RankShard | None,
                          head_dim: int = 64, block_size: int = 256) -> None:
-    """The deterministic mode's batch-invariant kernels exist where this says they do: one process; on CUDA the
-    Triton kernels (triton importable, half precision, a cache the attention kernel takes); on the CPU oneDNN's
-    linears (model/cpu_linear.py). Elsewhere it refuses to start rather than promise what it cannot."""
-    if shard is not None:
-        raise ValueError("deterministic: not with tensor parallelism (its sharded linears are not batch-invariant)")
+    """The deterministic mode's batch-invariant kernels exist where this says they do: on CUDA the Triton kernels
+    (triton importable, half precision, a cache the attention kernel takes), one process; on the CPU oneDNN's
+    linears (model/cpu_linear.py), tensor parallelism included. Elsewhere it refuses to start rather than promise
+    what it cannot."""
+    if shard is not None and device.type == "cuda":
+        raise ValueError("deterministic: not with tensor parallelism on CUDA (its sharded layers have no "
+                         "batch-invariant kernels there yet; on the CPU they do)")
     if device.type == "cuda":  # what attention/triton_invariant.py takes: tl.dot on half precision, whole key blocks
         if (dtype not in (torch.float16, torch.bfloat16) or head_dim < 16 or head_dim & (head_dim - 1)
                 or block_size % 64):

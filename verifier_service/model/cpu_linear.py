@@ -58,15 +58,16 @@ class PrepackedLinear(nn.Module):
 
     With `fixed_rows`, every input runs in chunks of exactly that many rows (the last one padded with zeros): one
     primitive computes every row, so a row's result does not depend on how many rows came with it (the
-    deterministic mode; a 5-row and a 1-row primitive sum a 1536-long row in different orders)."""
+    deterministic mode; a 5-row and a 1-row primitive sum a 1536-long row in different orders). `bias` False
+    leaves the linear's bias out (a row-parallel layer adds it after the sum over the ranks)."""
 
-    def __init__(self, linear: nn.Linear, fixed_rows: int | None = None):
+    def __init__(self, linear: nn.Linear, fixed_rows: int | None = None, bias: bool = True):
         super().__init__()
         self.fixed_rows = fixed_rows
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.register_buffer("packed_weight", weight, persistent=False)
-        self.bias = linear.bias
+        self.bias = linear.bias if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features] -> [num_tokens, out_features]."""

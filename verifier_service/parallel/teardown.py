@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from verifier_service.sharding.collectives import use_one_shot
+from verifier_service.sharding.collectives import use_fixed_order, use_one_shot
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ def leave_process_groups(healthy: bool = True, timeout_s: float = LEAVE_TIMEOUT_
     if not dist.is_initialized():
         return True
     use_one_shot(None)  # its symmetric buffer is mapped through the groups: dropped before they go
+    use_fixed_order(False)
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     leave = abort if not healthy and abort is not None and dist.get_backend() == "nccl" else dist.destroy_process_group
     rank, errors = dist.get_rank(), []

@@ -5,7 +5,8 @@ compiled layer regions (model/compile.py) instead of tracing into torch.distribu
 while a CUDA graph is captured, it is a plain `dist.all_reduce` (NCCL records it into the graph like any
 kernel, as nano-vllm's and vLLM's captured decode steps do), or, where start-up set one up (on CUDA unless
 SPECD_TENSOR_PARALLEL_ALL_REDUCE=nccl), the one-shot all-reduce over symmetric memory for the tensors it takes
-(one_shot_all_reduce.py). `all_reduce_add_rms_norm` is the one shot's all-reduce of a row-parallel layer's output
+(one_shot_all_reduce.py); in the deterministic mode, an all-gather summed in rank order (`use_fixed_order`).
+`all_reduce_add_rms_norm` is the one shot's all-reduce of a row-parallel layer's output
 together with the residual add and RMSNorm after it, in one kernel (sharding/layers.py: ReducingRMSNorm).
 """
 from __future__ import annotations
@@ -16,12 +17,21 @@ import torch.distributed as dist
 # torch 2.13 renamed all_gather_into_tensor (same arguments); the GPU image's torch 2.11 has only the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _one_shot = None  # this rank's OneShotAllReduce, when start-up set one up (use_one_shot)
+_fixed_order = False  # the deterministic mode: every sum in rank order (use_fixed_order)
 
 
 def use_one_shot(one_shot) -> None:
     """Sends the all-reduces one_shot fits through it from now on (None: NCCL / gloo for all)."""
     global _one_shot
     _one_shot = one_shot
+
+
+def use_fixed_order(fixed: bool) -> None:
+    """With `fixed`, all-reduces sum every element over the ranks in rank order, ((r0 + r1) + r2) + ..., whatever
+    the tensor's size: a ring or tree all-reduce adds in an order that follows how the size splits into chunks, so
+    a token's sums would depend on how many rows came with it (the deterministic mode)."""
+    global _fixed_order
+    _fixed_order = fixed
 
 
 def all_reduce_in_use() -> str:
@@ -32,7 +42,9 @@ def all_reduce_in_use() -> str:
 @torch.library.custom_op("specd::tensor_parallel_all_reduce", mutates_args=("tensor",))
 def all_reduce_(tensor: torch.Tensor) -> None:
     """Sums `tensor` over the ranks, in place."""
-    if _one_shot is not None and _one_shot.fits(tensor):
+    if _fixed_order:
+        _sum_in_rank_order_(tensor)
+    elif _one_shot is not None and _one_shot.fits(tensor):
         _one_shot(tensor)
     else:
         dist.all_reduce(tensor)
@@ -43,11 +55,22 @@ def _all_reduce_shape(tensor: torch.Tensor) -> None:
     return None
 
 
+def _sum_in_rank_order_(tensor: torch.Tensor) -> None:
+    world_size = dist.get_world_size()
+    parts = tensor.new_empty(world_size * tensor.numel())  # rank-major
+    _all_gather_single(parts, tensor.contiguous().view(-1))
+    parts = parts.view(world_size, *tensor.shape)
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    tensor.copy_(total)
+
+
 def fuses_add_rms_norm(x: torch.Tensor) -> bool:
     """Whether all_reduce_add_rms_norm(x, ...) runs as one kernel: the one shot is set up and takes x's shape.
     Read while a region compiles (shapes and dtype only), so that other shapes keep NCCL's all-reduce, with the
     add and norm fused by the compiler behind it."""
-    return _one_shot is not None and _one_shot.fits_rows(x)
+    return _one_shot is not None and not _fixed_order and _one_shot.fits_rows(x)
 
 
 @torch.library.custom_op("specd::tensor_parallel_all_reduce_add_rms_norm", mutates_args=())

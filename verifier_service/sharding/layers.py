@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verifier_service.model.cpu_linear import PrepackedLinear
 from verifier_service.model.layers import RMSNorm
 from verifier_service.sharding.collectives import all_reduce_, all_reduce_add_rms_norm, fuses_add_rms_norm
 
@@ -20,19 +21,31 @@ class RowParallelLinear(nn.Linear):
 
     reduce_output False (a layer without bias whose output feeds a ReducingRMSNorm): forward returns this rank's
     partial sum x_r W_r^T and the norm sums it.
+
+    `product` (None: F.linear), when set, computes x_r W_r^T instead: the CPU's deterministic mode sets the
+    fixed-row oneDNN linear (use_fixed_rows).
     """
 
     def __init__(self, *args, reduce_output: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.reduce_output = reduce_output
+        self.product: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features / N] -> [num_tokens, out_features], the same on every rank."""
-        out = F.linear(x, self.weight)
+        out = F.linear(x, self.weight) if self.product is None else self.product(x)
         if not self.reduce_output:
             return out
         all_reduce_(out)
         return out if self.bias is None else out + self.bias
+
+
+def use_fixed_rows(model: nn.Module, rows: int) -> None:
+    """Every RowParallelLinear of model computes its product in oneDNN chunks of exactly `rows` rows, as
+    model/cpu_linear.py's prepack_linears does for the plain linears (the CPU's deterministic mode)."""
+    for module in model.modules():
+        if type(module) is RowParallelLinear:
+            module.product = PrepackedLinear(module, rows, bias=False)  # the bias comes after the sum
 
 
 class ReducingRMSNorm(RMSNorm):
