@@ -14,8 +14,8 @@ from verifier_service.engine.model_runner import ModelRunner
 from verifier_service.model.cpu_linear import PrepackedLinear, onednn_linear_enabled
 
 BLOCK_SIZE = 4
-pytestmark = pytest.mark.skipif(not onednn_linear_enabled(torch.device("cpu"), torch.bfloat16),
-                                reason="this CPU runs no oneDNN bfloat16 linears (the mode refuses to start)")
+pytestmark = pytest.mark.skipif(not onednn_linear_enabled(torch.device("cpu"), torch.bfloat16, upcast=True),
+                                reason="no oneDNN linears here (the mode refuses to start)")
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(600)
 
 NUM_PROMPTS, MAX_TOKENS = 3, 24
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-DTYPE = "bfloat16" if onednn_linear_enabled(torch.device("cpu"), torch.bfloat16) else "float32"
+DTYPE = "bfloat16" if onednn_linear_enabled(torch.device("cpu"), torch.bfloat16, upcast=True) else "float32"
 CONFIG = EngineConfig(model="default", device="cpu", dtype=DTYPE, kv_cache_bytes=64 * 2**20,
                       num_speculative_tokens=0, async_scheduling=False, deterministic=True, tensor_parallel_size=2)
 

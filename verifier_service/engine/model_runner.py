@@ -109,7 +109,7 @@ class ModelRunner:
             make_batch_invariant(self.model)
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
             compile_regions(self.model, self.static_token_counts)
-        if onednn_linear_enabled(self.device, self.dtype):  # skinny CPU GEMMs through oneDNN (model/cpu_linear.py)
+        if onednn_linear_enabled(self.device, self.dtype, upcast=deterministic):  # skinny CPU GEMMs (cpu_linear.py)
             prepack_linears(self.model, fixed_rows=DETERMINISTIC_LINEAR_ROWS if deterministic else None)
             if deterministic and shard is not None:
                 use_fixed_rows(self.model, DETERMINISTIC_LINEAR_ROWS)
@@ -275,6 +275,6 @@ def _check_deterministic(device: torch.device, dtype: torch.dtype, shard: RankSh
         return
     if device.type != "cpu":
         raise ValueError(f"deterministic: no batch-invariant kernels for {device.type}")
-    if not onednn_linear_enabled(device, dtype):
-        raise ValueError(f"deterministic: needs oneDNN linears for {dtype} on this CPU (SPECD_ONEDNN_LINEAR=0, "
-                         "or no bfloat16 instructions: use --dtype float32)")
+    if not onednn_linear_enabled(device, dtype, upcast=True):
+        raise ValueError(f"deterministic: needs oneDNN linears for {dtype} on this CPU (SPECD_ONEDNN_LINEAR=0 "
+                         "switches them off)")

@@ -43,14 +43,19 @@ def padded_rows(rows: int) -> int:
     return size
 
 
-def onednn_linear_enabled(device: torch.device, dtype: torch.dtype) -> bool:
+def onednn_linear_enabled(device: torch.device, dtype: torch.dtype, upcast: bool = False) -> bool:
     """Whether prepack_linears applies: CPU, float32 / bfloat16, oneDNN built in, not switched off; bfloat16 only
     where the CPU has oneDNN's bfloat16 instructions (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: without them oneDNN refuses
-    to reorder a bfloat16 weight, and nn.Linear stays)."""
+    to reorder a bfloat16 weight, and nn.Linear stays), or anywhere with `upcast`, PrepackedLinear then computing
+    a bfloat16 layer in float32 (the deterministic mode, whose fixed-row linears must exist on every CPU)."""
     return (device.type == "cpu" and dtype in _DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            and (dtype != torch.bfloat16 or upcast or _bfloat16_instructions())
             and environment.onednn_linear())
+
+
+def _bfloat16_instructions() -> bool:
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class PrepackedLinear(nn.Module):
@@ -59,15 +64,22 @@ class PrepackedLinear(nn.Module):
     With `fixed_rows`, every input runs in chunks of exactly that many rows (the last one padded with zeros): one
     primitive computes every row, so a row's result does not depend on how many rows came with it (the
     deterministic mode; a 5-row and a 1-row primitive sum a 1536-long row in different orders). `bias` False
-    leaves the linear's bias out (a row-parallel layer adds it after the sum over the ranks)."""
+    leaves the linear's bias out (a row-parallel layer adds it after the sum over the ranks).
+
+    A bfloat16 linear on a CPU without oneDNN's bfloat16 instructions is packed in float32: its inputs are upcast
+    and its outputs rounded back to bfloat16 (as a bfloat16 GEMM accumulates in float32 too)."""
 
     def __init__(self, linear: nn.Linear, fixed_rows: int | None = None, bias: bool = True):
         super().__init__()
         self.fixed_rows = fixed_rows
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        self.register_buffer("packed_weight", weight, persistent=False)
-        self.bias = linear.bias if bias else None
+        weight, bias_values = linear.weight.detach(), linear.bias if bias else None
+        self.out_dtype = weight.dtype
+        if weight.dtype == torch.bfloat16 and not _bfloat16_instructions():
+            weight = weight.float()
+            bias_values = None if bias_values is None else bias_values.detach().float()
+        self.bias = bias_values
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, in_features] -> [num_tokens, out_features]."""
@@ -81,7 +93,8 @@ class PrepackedLinear(nn.Module):
         size = self.fixed_rows or padded_rows(rows)
         if size != rows:  # extra zero rows: the same primitive serves every row count of the bucket
             x = torch.cat([x, x.new_zeros(size - rows, x.shape[1])])
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_weight.dtype), self.packed_weight, self.bias, "none",
+                                               [], "").to(self.out_dtype)
         return y if size == rows else y[:rows]
 
     def extra_repr(self) -> str:
