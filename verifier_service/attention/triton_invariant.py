@@ -111,7 +111,7 @@ def _combine_kernel(M, L, ACC, OUT, RUNS, H: tl.constexpr, HB: tl.constexpr, D: 
     # One token's heads: each row's runs merged in order -> OUT [num_tokens, H, D]. A token of one run was written
     # by _partials_kernel.
     token = tl.program_id(0).to(tl.int64)
-    runs = tl.load(RUNS + token)
+    runs = tl.minimum(tl.load(RUNS + token), SPLITS)  # a token no tile covers (none should) stays in bounds
     if runs > 1:
         heads = tl.arange(0, HB)
         head_ok = heads < H

@@ -70,7 +70,7 @@ def fuses_add_rms_norm(x: torch.Tensor) -> bool:
     """Whether all_reduce_add_rms_norm(x, ...) runs as one kernel: the one shot is set up and takes x's shape.
     Read while a region compiles (shapes and dtype only), so that other shapes keep NCCL's all-reduce, with the
     add and norm fused by the compiler behind it."""
-    return _one_shot is not None and not _fixed_order and _one_shot.fits_rows(x)
+    return _one_shot is not None and _one_shot.fits_rows(x)
 
 
 @torch.library.custom_op("specd::tensor_parallel_all_reduce_add_rms_norm", mutates_args=())
