@@ -11,7 +11,8 @@ It starts `specd up` (the default model's real weights unless --model says other
 Then the engine alone runs in this process on exactly the same requests (the gateway's own tokenization of the
 same messages, the verifier's own engine config, the drafter's rule in process), as many at a time as there were
 clients. Each row reports output tok/s, TTFT and inter-event latency (one event per step that emitted text for the
-request) p50 / p99, request latency p50 / p99, errors, tokens per step and accepted / proposed, the verifier's stage
+request) p50 / p99, the verifier's own mean time to first token (a request's arrival there to its first tokens
+leaving it: the rest of TTFT is the gateway and the network), request latency p50 / p99, errors, tokens per step and accepted / proposed, the verifier's stage
 means per step, the forward passes by path (CUDA graph, piecewise graphs, eager) and each process's CPU microseconds
 per output token; ratios to the engine alone, to speculation off and, at one client, to Hugging Face generate (--hf:
 plain greedy against k = 0, the best prompt lookup against k > 0). Results go to --out as JSON lines; a short
@@ -60,6 +61,7 @@ class Row:
     requests: int = 0
     errors: int = 0
     ttft: list[float] = field(default_factory=list)
+    verifier_ttft_ms: float = float("nan")  # mean, from a request's arrival at the verifier to its first tokens out
     gaps: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
     steps: int = 0
@@ -129,6 +131,9 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
                 values[sample.labels["stage"]] = sample.value
             elif sample.name == "specd_step_seconds_count":
                 values["steps"] = sample.value
+            elif sample.name in ("specd_verifier_time_to_first_token_seconds_sum",
+                                 "specd_verifier_time_to_first_token_seconds_count"):
+                values[sample.name] = sample.value
             elif sample.name == "specd_forward_passes_total":
                 values[f"forwards {sample.labels['path']}"] = sample.value
             elif sample.name in ("specd_spec_decode_num_draft_tokens_total",
@@ -166,6 +171,10 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
     row.forwards = {path: after.get(f"forwards {path}", 0) - before.get(f"forwards {path}", 0) for path in PATHS}
+    first = "specd_verifier_time_to_first_token_seconds"
+    firsts = after.get(f"{first}_count", 0) - before.get(f"{first}_count", 0)
+    if firsts:
+        row.verifier_ttft_ms = 1000 * (after.get(f"{first}_sum", 0) - before.get(f"{first}_sum", 0)) / firsts
     return row
 
 
@@ -308,7 +317,8 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
     plain = {(r.label.split()[0], r.clients): r for r in rows if r.k == 0}
     hf = {r.k: r.tokens_per_second for r in rows if r.label == "hf"}
     hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
-    print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'gap p50/p99':>13}"
+    print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'ver TTFT':>9}"
+          f"{'gap p50/p99':>13}"
           f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}{'late':>6}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}{'forwards graph/piece/eager':>28}")
     for r in rows:
@@ -322,7 +332,8 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{r.tokens_per_second / versus_engine.tokens_per_second if versus_engine and r.label.startswith('stack') else float('nan'):>8.2f}"
               f"{r.tokens_per_second / versus_plain.tokens_per_second if versus_plain and r.k else float('nan'):>6.2f}"
               f"{r.tokens_per_second / versus_hf if versus_hf else float('nan'):>6.1f}"
-              f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
+              f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{r.verifier_ttft_ms:>9.1f}"
+              f"{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
               f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}  "
               f"{stages:<30}{cpu:>24}{forwards:>28}",

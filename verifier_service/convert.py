@@ -2,6 +2,7 @@
 imports *_pb2. Bad input raises InvalidParameter naming the field (INVALID_ARGUMENT on the wire)."""
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, replace
 
 from specd.sampling import WIRE_FIELDS, InvalidParameter, SamplingParams
@@ -84,7 +85,7 @@ def output_to_proto(output: RequestOutput, first: bool = False) -> verifier_pb2.
     return response
 
 
-def serve_response(outputs: list[RequestOutput], first_ids: set[str],
+def serve_response(outputs: list[RequestOutput], first_ids: Container[str],
                    errors: list[tuple[str, int, str]] = ()) -> verifier_pb2.ServeResponse:
     """One Serve stream message, columns filled from the outputs of a step (and `errors`: request id, grpc
     status code, message, each that request's last update); the seed where a request's id is in `first_ids`."""

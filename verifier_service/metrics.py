@@ -18,6 +18,7 @@ _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 # Whole steps: a small model's decode step on a GPU takes well under a millisecond, a stall tens of them or more.
 _STEP_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25,
                  0.5, 1.0, 2.5, 5.0)
+_FIRST_TOKEN_BUCKETS = (0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -51,6 +52,10 @@ class VerifierMetrics:
                                       buckets=_STEP_BUCKETS, registry=registry)
         self.step_tokens = Histogram("specd_step_tokens", "Tokens fed to the model per forward pass.",
                                      buckets=_TOKEN_BUCKETS, registry=registry)
+        self.time_to_first_token = Histogram(
+            "specd_verifier_time_to_first_token_seconds", "Seconds from a request's arrival at the verifier to its "
+            "first tokens leaving it: the gateway's time to first token less the gateway and the network.",
+            buckets=_FIRST_TOKEN_BUCKETS, registry=registry)
         self.forward_passes = counter("forward_passes", "Forward passes of the target model by how they ran: "
                                       "path=graph replayed a decode / verify step's CUDA graph, path=piecewise the "
                                       "model's captured pieces around eager attention (prompt chunks, mixed and "

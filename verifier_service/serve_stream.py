@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -60,12 +61,14 @@ class ServeStream:
     """The state of one stream; `read()` consumes the caller's messages, `responses()` yields the replies."""
 
     def __init__(self, engine_loop: EngineLoop, limits: ModelLimits, max_waiting_requests: int,
-                 draining: asyncio.Event) -> None:
+                 draining: asyncio.Event, first_token: Callable[[float], None]) -> None:
         self._engine_loop, self._limits = engine_loop, limits
         self._max_waiting_requests, self._draining = max_waiting_requests, draining
+        self._first_token = first_token  # seconds from a start's arrival to its first update going out
         self._outbox: asyncio.Queue = asyncio.Queue()  # lists of RequestOutput | RequestFailed | Refusal
         self._live: set[str] = set()
-        self._unseeded: set[str] = set()  # live requests whose first update (which carries the seed) is unsent
+        # live requests whose first update (which carries the seed) is unsent, with when their start arrived
+        self._unseeded: dict[str, float] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._num_refusals = 0  # refusals queued and not yet sent
         self._reading = True
@@ -117,11 +120,15 @@ class ServeStream:
                 self._num_refusals -= 1
             errors.append((item.request_id, code.value[0], message))
         response = serve_response(merged(outputs), self._unseeded, errors)
-        self._unseeded.difference_update(output.request_id for output in outputs)
+        now = time.monotonic()
+        for output in outputs:
+            arrived = self._unseeded.pop(output.request_id, None)
+            if arrived is not None:
+                self._first_token(now - arrived)
         return response
 
     def _start(self, start: verifier_pb2.ServeStart) -> None:
-        request_id = start.request.request_id
+        request_id, arrived = start.request.request_id, time.monotonic()
         try:
             if self._draining.is_set():
                 raise _Refused(grpc.StatusCode.UNAVAILABLE, "verifier is draining; retry on another replica")
@@ -137,7 +144,7 @@ class ServeStream:
         except _Refused as refused:
             return self._refuse(request_id, refused.code, refused.message)
         self._live.add(request_id)
-        self._unseeded.add(request_id)
+        self._unseeded[request_id] = arrived
         if start.timeout_seconds > 0:
             self._timers[request_id] = asyncio.get_running_loop().call_later(
                 start.timeout_seconds, self._expire, request_id)
@@ -158,7 +165,7 @@ class ServeStream:
 
     def _forget(self, request_id: str) -> None:
         self._live.discard(request_id)
-        self._unseeded.discard(request_id)
+        self._unseeded.pop(request_id, None)
         timer = self._timers.pop(request_id, None)
         if timer is not None:
             timer.cancel()

@@ -47,7 +47,8 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     registry = CollectorRegistry()
     # Registered before the ports open, so /metrics has every family while the model loads.
     metrics = VerifierMetrics(registry, max_speculative_tokens=config.engine.speculative_tokens_limit)
-    servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests)
+    servicer = VerifierServicer(max_waiting_requests=config.max_waiting_requests,
+                                first_token=metrics.time_to_first_token.observe)
     server = GrpcServer(config.server, service_names=[SERVICE_NAME], registry=registry,
                         register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
                         on_drain=servicer.drain)

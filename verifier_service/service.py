@@ -7,6 +7,8 @@ A Serve call carries many requests (serve_stream.py); gateways use it, so that a
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import grpc
 
@@ -21,7 +23,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     """Answers UNAVAILABLE until `attach()` hands it the running engine (model loaded, warmed up): an EngineLoop in
     this process, or the engine process's EngineClient, which has its interface."""
 
-    def __init__(self, max_waiting_requests: int) -> None:
+    def __init__(self, max_waiting_requests: int, first_token: Callable[[float], None] = lambda seconds: None) -> None:
+        """first_token: called with the seconds from a request's arrival here to its first tokens leaving (the
+        verifier's time to first token: specd_verifier_time_to_first_token_seconds)."""
+        self._first_token = first_token
         self._engine_loop: EngineLoop | None = None
         self._limits: ModelLimits | None = None
         self._max_waiting_requests = max_waiting_requests
@@ -35,6 +40,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Generate(self, request: verifier_pb2.VerifierGenerateRequest, context: grpc.aio.ServicerContext):
         if self._engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
+        arrived = time.monotonic()
         request_id, prompt_token_ids, params = request_from_proto(request, self._limits)
         load, num_pending = self._engine_loop.queue_state()
         if load.num_waiting + num_pending >= self._max_waiting_requests:
@@ -53,6 +59,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                             await context.abort(grpc.StatusCode.UNAVAILABLE, str(output.error))
                         raise output.error
                     finished = output.finished
+                    if first:
+                        self._first_token(time.monotonic() - arrived)
                     yield output_to_proto(output, first)
                     first = False
         finally:
@@ -62,7 +70,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Serve(self, request_iterator, context: grpc.aio.ServicerContext):
         if self._engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
-        stream = ServeStream(self._engine_loop, self._limits, self._max_waiting_requests, self._draining)
+        stream = ServeStream(self._engine_loop, self._limits, self._max_waiting_requests, self._draining,
+                             self._first_token)
         self._streams.add(stream)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:

@@ -60,7 +60,7 @@ def test_deadlines_are_counted_as_deadline_exceeded_not_as_aborts(stack):
         stub = gateway_pb2_grpc.GatewayStub(channel)
         for _ in range(6):
             try:
-                for _ in stub.Generate(gateway_pb2.GenerateRequest(**LONG), timeout=0.2):
+                for _ in stub.Generate(gateway_pb2.GenerateRequest(**LONG), timeout=0.5):
                     pass
             except grpc.RpcError as error:
                 assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED

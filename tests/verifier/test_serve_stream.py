@@ -28,7 +28,8 @@ class Verifier:
     async def start(self) -> "Verifier":
         runner = FakePagedRunner(num_blocks=400, block_size=4, vocab_size=VOCAB, max_model_len=1024)
         self.loop = EngineLoop(Engine(EngineConfig(num_speculative_tokens=0, max_num_seqs=2), runner=runner))
-        self.servicer = VerifierServicer(max_waiting_requests=MAX_WAITING)
+        self.first_tokens: list[float] = []  # the servicer's time to first token, seconds per request
+        self.servicer = VerifierServicer(max_waiting_requests=MAX_WAITING, first_token=self.first_tokens.append)
         self.server = GrpcServer(ServerConfig(host="127.0.0.1", port=0, grace_seconds=5),
                                  service_names=["specd.v1.Verifier"], on_drain=self.servicer.drain,
                                  register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(self.servicer, s))
@@ -94,6 +95,20 @@ async def test_requests_of_one_stream_share_each_steps_message(verifier):
     index = list(last.request_ids).index("b")
     assert (last.completion_tokens[index], last.finish_reasons[index]) == (8, "length")
     call.cancel()
+
+
+async def test_each_request_reports_its_time_to_first_token_once(verifier):
+    """Serve's requests and a Generate call: one observation each, when its first tokens leave; none for a
+    refused start."""
+    before = len(verifier.first_tokens)
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("t1"), start("t2", (4, 5)), start("t3", (1, VOCAB + 5))]))
+    await collect(call, {"t1", "t2", "t3"})
+    call.cancel()
+    async for _ in verifier.stub.Generate(start("t4").request):
+        pass
+    observed = verifier.first_tokens[before:]
+    assert len(observed) == 3 and all(0 < seconds < 10 for seconds in observed)
 
 
 async def test_a_bad_start_is_refused_by_name_and_the_others_run(verifier):
