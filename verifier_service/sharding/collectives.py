@@ -60,10 +60,9 @@ def _sum_in_rank_order_(tensor: torch.Tensor) -> None:
     parts = tensor.new_empty(world_size * tensor.numel())  # rank-major
     _all_gather_single(parts, tensor.contiguous().view(-1))
     parts = parts.view(world_size, *tensor.shape)
-    total = parts[0].clone()
+    tensor.copy_(parts[0])
     for part in parts[1:]:
-        total += part
-    tensor.copy_(total)
+        tensor += part
 
 
 def fuses_add_rms_norm(x: torch.Tensor) -> bool:
