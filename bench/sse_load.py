@@ -1,10 +1,13 @@
 """A closed-loop load of streaming chat completions over HTTP, from several client processes.
 
-Each client sends its requests one after another (`stream: true`, usage included) and times what a user sees:
-TTFT (send -> first event with text), the gaps between events (one event per verifier step that emitted text for
-the request), the whole request, and the usage the last chunk reports. The client is a few lines of asyncio over a
-raw socket, split over processes, so that at 256 clients it is not what limits the measurement (and it needs no
-HTTP package on a machine that has none).
+Each client sends requests one after another (`stream: true`, usage included) over its own keep-alive connection, as
+an SDK's connection pool does, and times what a user sees: TTFT (send -> first event with text), the gaps between
+events (one event per verifier step that emitted text for the request), the whole request, and the usage the last
+chunk reports. The clients take the requests from one shared queue, in order, as vLLM's benchmark_serving does with
+--max-concurrency: whichever client is free sends the next one, so every client stays busy until the queue is empty
+(with a fixed share each, the clients whose requests ran short would sit idle while the rest finished theirs). The
+client is a few lines of asyncio over a raw socket, split over processes, so that at 256 clients it is not what
+limits the measurement (and it needs no HTTP package on a machine that has none).
 """
 from __future__ import annotations
 
@@ -30,31 +33,56 @@ class StreamRecord:
     error: str = ""
 
 
-async def _read_chunked(reader: asyncio.StreamReader):
-    """The body of a chunked HTTP/1.1 response, chunk by chunk."""
-    while True:
-        size = int((await reader.readline()).split(b";")[0], 16)
-        if size == 0:
+class Connection:
+    """One client's HTTP/1.1 connection to the gateway, opened on first use and again after the server closed it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+        """Sends the request; returns the status line and the headers (names lower-cased)."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+        status, headers = await self.reader.readline(), {}
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        return status, headers
+
+    async def chunks(self, headers: dict[bytes, bytes]):
+        """The response's body, as it arrives: chunk by chunk, or whole with a content-length."""
+        if headers.get(b"transfer-encoding") != b"chunked":
+            yield await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
             return
-        data = await reader.readexactly(size + 2)
-        yield data[:-2]
+        while True:
+            size = int((await self.reader.readline()).split(b";")[0], 16)
+            data = await self.reader.readexactly(size + 2)
+            if size == 0:
+                return
+            yield data[:-2]
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
 
 
-async def stream_chat(host: str, port: int, body: bytes) -> StreamRecord:
-    record = StreamRecord()
+async def stream_chat(host: str, port: int, body: bytes, connection: Connection | None = None) -> StreamRecord:
+    """One streaming chat completion, on `connection` (kept open for the next one) or on a connection of its own."""
+    record, own = StreamRecord(), connection is None
+    connection = connection or Connection(host, port)
     started = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
     try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        status = await reader.readline()
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass  # headers
-        if b" 200 " not in status:
-            record.error = status.decode().strip()
-            return record
+        status, headers = await connection.post("/v1/chat/completions", body)
         buffer, last = b"", None
-        async for data in _read_chunked(reader):
+        async for data in connection.chunks(headers):
+            if b" 200 " not in status:
+                record.error = f"{status.decode().strip()}: {data[:200].decode(errors='replace')}"
+                continue
             buffer += data
             *events, buffer = buffer.split(b"\n\n")
             for event in events:
@@ -78,48 +106,61 @@ async def stream_chat(host: str, port: int, body: bytes) -> StreamRecord:
                         record.gaps.append(now - last)
                     last = now
                     record.events += 1
+        if own or headers.get(b"connection") == b"close":
+            connection.close()
     except (OSError, asyncio.IncompleteReadError, ValueError) as error:
         record.error = f"{type(error).__name__}: {error}"
-    finally:
-        writer.close()
-        record.latency = time.perf_counter() - started
+        connection.close()
+    record.latency = time.perf_counter() - started
     return record
 
 
-async def _clients(host: str, port: int, bodies: list[list[bytes]], start_at: float) -> list[StreamRecord]:
+async def _clients(host: str, port: int, bodies: list[bytes], clients: int, taken, start_at: float
+                   ) -> list[tuple[int, StreamRecord]]:
     await asyncio.sleep(max(0.0, start_at - time.time()))
 
-    async def client(own: list[bytes]) -> list[StreamRecord]:
-        return [await stream_chat(host, port, body) for body in own]
+    def take() -> int | None:  # the next request of the queue shared by every process's clients
+        with taken.get_lock():
+            index, taken.value = taken.value, taken.value + 1
+        return index if index < len(bodies) else None
 
-    per_client = await asyncio.gather(*(client(own) for own in bodies))
+    async def client() -> list[tuple[int, StreamRecord]]:
+        connection, records = Connection(host, port), []
+        while (index := take()) is not None:
+            records.append((index, await stream_chat(host, port, bodies[index], connection)))
+        connection.close()
+        return records
+
+    per_client = await asyncio.gather(*(client() for _ in range(clients)))
     return [record for records in per_client for record in records]
 
 
-def _process(host: str, port: int, bodies: list[list[bytes]], start_at: float, results) -> None:
-    results.send(asyncio.run(_clients(host, port, bodies, start_at)))
+def _process(host: str, port: int, bodies: list[bytes], clients: int, taken, start_at: float, results) -> None:
+    results.send(asyncio.run(_clients(host, port, bodies, clients, taken, start_at)))
 
 
 def run_load(host: str, port: int, bodies: list[bytes], clients: int,
              processes: int | None = None) -> tuple[list[StreamRecord], float]:
-    """Every body once, `clients` at a time (client i sends bodies i, i + clients, ...), from up to `processes`
-    processes (default: one per 32 clients, at most 8). Returns the records and the wall seconds."""
+    """Every body once, in order, from one queue that `clients` closed-loop clients take from, spread over up to
+    `processes` processes (default: one per 32 clients, at most 8). Returns the records (in the bodies' order) and
+    the wall seconds."""
     processes = processes or min(8, -(-clients // 32))
-    per_client = [bodies[i::clients] for i in range(clients)]
-    start_at = time.time() + 0.5
     context = multiprocessing.get_context("fork")
+    taken = context.Value("l", 0)
+    start_at = time.time() + 0.5
     pipes, workers = [], []
     for p in range(processes):
         receiving, sending = context.Pipe(duplex=False)
-        worker = context.Process(target=_process, args=(host, port, per_client[p::processes], start_at, sending))
+        own_clients = clients // processes + (p < clients % processes)
+        worker = context.Process(target=_process, args=(host, port, bodies, own_clients, taken, start_at, sending))
         worker.start()
         pipes.append(receiving)
         workers.append(worker)
-    records = [record for pipe in pipes for record in pipe.recv()]
+    records = sorted(record for pipe in pipes for record in pipe.recv())
     wall = max(time.time() - start_at, 1e-9)  # the last result arrives as the last request ends
     for worker in workers:
         worker.join()
-    return records, wall
+    return [record for _, record in records], wall
 
 
 def chat_body(prompt: str, max_tokens: int, num_speculative_tokens: int | None, model: str = "default") -> bytes:

@@ -60,9 +60,9 @@ REQUESTS=${STACK_REQUESTS:-600}
 # This tree's bench package alone in a folder of its own, so that `stack` runs it over the code of any tree
 mkdir -p /tmp/bench-root && ln -sfn "$PWD/bench" /tmp/bench-root/bench
 
-stack() {  # stack TREE NAME ARGS...: this tree's bench.stack over the code in TREE, its table last
+stack() {  # stack TREE NAME ARGS...: this tree's bench.stack (BENCH_ROOT's) over the code in TREE, its table last
   local tree name=$2; tree=$(cd "$1" && pwd); shift 2
-  (cd /tmp/bench-root && PYTHONPATH=/tmp/site:$tree SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
+  (cd "${BENCH_ROOT:-/tmp/bench-root}" && PYTHONPATH=/tmp/site:$tree SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
     timeout -s INT "${LIMIT:-560}" ${PROFILER:-} python3 -m bench.stack --device cuda --out "$OUT/$name.jsonl" \
       --stack-log "$OUT/$name.stack.log" "$@") >"$OUT/$name.log" 2>&1
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
@@ -109,6 +109,17 @@ for part in "$@"; do
       LIMIT=120 stack .device/old spec_old --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 --no-engine \
         --port-offset 900 ;;
     model) default_model ;;
+    switch)  # the thread switch interval: CPython's 5 ms (stack only), then specd's (beside the engine alone);
+      # random weights, 64 and 256 clients, speculation off, 600 requests
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      SPECD_SWITCH_INTERVAL_S=0.005 TAIL=4 LIMIT=200 stack . switch_5ms --model /tmp/models/smollm2-135m --clients 64 256 \
+        --ks 0 --num-requests 600 --no-engine --port-offset 900
+      LIMIT=300 stack . switch_new --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 600 ;;
+    oldbench)  # the real weights through the bench package of .device-part2/oldbench/bench (rounds 20-29's: each
+      # client its fixed share of the requests, a connection per request) over this tree, stack only
+      default_model || continue
+      BENCH_ROOT=$PWD/.device-part2/oldbench TAIL=4 LIMIT=${STACK_LIMIT:-200} stack . oldbench --clients 64 256 --ks 0 \
+        --num-requests "$REQUESTS" --no-engine --port-offset 900 ;;
     stack_new|stack_old)
       default_model || continue
       if [ "$part" = stack_new ]; then tree=. offset=800; else tree=.device/old offset=900; fi
