@@ -168,10 +168,8 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
     """The link process: applies the engine's messages and answers each step with the client's drafts."""
     from drafter_service.client import DrafterClient
     from specd import stop_signals
-    from specd.switch_interval import apply_switch_interval
 
     stop_signals.die_with_parent(signal.SIGKILL, parent_pid)  # nothing of its state outlives the engine
-    apply_switch_interval()  # gRPC's threads beside the one that relays the engine's pipe
     client = DrafterClient(target, timeout_s=timeout_s, tls=tls)
     contexts: dict[str, list[int]] = {}
     try:

@@ -25,7 +25,6 @@ from gateway.config import GatewayConfig
 from gateway.server import serve
 from specd import stop_signals
 from specd.startup_errors import bound_socket
-from specd.switch_interval import apply_switch_interval
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +77,6 @@ def _worker(config: GatewayConfig, parent_pid: int) -> None:
     process, should that one be killed (its ports must not outlive it: a restarted gateway binds them again)."""
     stop_signals.die_with_parent(signal.SIGKILL, parent_pid)
     stop_signals.install()
-    apply_switch_interval()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(config))

@@ -21,7 +21,6 @@ PIECEWISE_GRAPHS = "SPECD_PIECEWISE_GRAPHS"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
 TENSOR_PARALLEL_ALL_REDUCE = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
-SWITCH_INTERVAL_S = "SPECD_SWITCH_INTERVAL_S"
 TEST_CACHE = "SPECD_TEST_CACHE"
 
 
@@ -73,11 +72,6 @@ def piecewise_graphs() -> bool:
 def triton_verify() -> bool:
     """The Triton verify-attention kernel on CUDA (off with "0": FA2 verifies)."""
     return _switched_on(TRITON_VERIFY)
-
-
-def switch_interval_s() -> str | None:
-    """How long a thread may hold the interpreter's lock while another waits for it, in seconds (None: specd's)."""
-    return _get(SWITCH_INTERVAL_S)
 
 
 def pdl() -> bool:

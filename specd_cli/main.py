@@ -14,7 +14,6 @@ from specd.openmp import apply_wait_policy
 apply_wait_policy()  # before anything loads torch's OpenMP runtime, which reads it once
 
 from specd import stop_signals
-from specd.switch_interval import apply_switch_interval
 from specd.options import GATEWAY_PORTS, ServiceOptions, add_service_options, options_from_args
 
 
@@ -54,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         return generate(args)
     try:
         options = options_from_args(args)
-        apply_switch_interval()
     except ValueError as error:
         print(f"specd {args.command}: {error}", file=sys.stderr)
         return 2

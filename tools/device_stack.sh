@@ -109,12 +109,6 @@ for part in "$@"; do
       LIMIT=120 stack .device/old spec_old --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 --no-engine \
         --port-offset 900 ;;
     model) default_model ;;
-    switch)  # the thread switch interval: CPython's 5 ms (stack only), then specd's (beside the engine alone);
-      # random weights, 64 and 256 clients, speculation off, 600 requests
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
-      SPECD_SWITCH_INTERVAL_S=0.005 TAIL=4 LIMIT=200 stack . switch_5ms --model /tmp/models/smollm2-135m --clients 64 256 \
-        --ks 0 --num-requests 600 --no-engine --port-offset 900
-      LIMIT=300 stack . switch_new --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 600 ;;
     oldbench)  # the real weights through the bench package of .device-part2/oldbench/bench (rounds 20-29's: each
       # client its fixed share of the requests, a connection per request) over this tree, stack only
       default_model || continue

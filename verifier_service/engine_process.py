@@ -149,10 +149,8 @@ class EngineClient:
 def run_engine_process(config, conn: Connection, parent_pid: int) -> None:
     """The engine process (spawn target): load, warm up, then serve the pipe until ("stop",) or the parent's end."""
     from specd import stop_signals
-    from specd.switch_interval import apply_switch_interval
 
     stop_signals.die_with_parent(signal.SIGKILL, parent_pid)
-    apply_switch_interval()  # the pipe thread takes in new requests beside the busy engine thread
     for signum in stop_signals.STOP_SIGNALS:  # the serving process decides when to stop (a terminal's Ctrl-C too)
         signal.signal(signum, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO,
