@@ -135,7 +135,8 @@ for part in "$@"; do
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
-    setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)" ;;
+    setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)"; lscpu | tee "$OUT/lscpu.txt" | head -20
+      lscpu -e > "$OUT/lscpu_e.txt" ;;
     detkernels)  # the deterministic mode's kernels alone (no model): a row's bits in any step
       python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_cuda.py -k "linear or rms_norm or attention or fused" \
         2>&1 | tee "$OUT/detkernels.log" | tail -8 ;;
