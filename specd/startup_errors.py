@@ -21,9 +21,14 @@ class PortInUse(StartupError):
 def bound_socket(host: str, port: int, option: str, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to host:port as servers bind (SO_REUSEADDR), not listening yet; PortInUse naming
     `option` (the CLI option that sets the port) when the port is taken. With `reuse_port`, sockets of this
-    user's other processes that set it too may share the port (gateway/processes.py)."""
+    user's other processes that set it too may share the port (gateway/processes.py).
+
+    The protocol is named (IPPROTO_TCP, not the default 0) because asyncio turns Nagle's algorithm off only on
+    connections whose socket says TCP: on one that said 0, a streamed response's small writes waited for the
+    client's delayed ACK, about 40 ms, once a keep-alive connection had left the kernel's quick-ACK start (every
+    SDK client's second request on)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
