@@ -179,8 +179,10 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(environment.PREFIX) or k == environment.HOME}
-        env["PYTHONPATH"] = str(REPO_ROOT)
+        kept = (environment.HOME, environment.DEFAULT_GGUF)  # where the model is, not how the services run
+        env = {k: v for k, v in os.environ.items() if not k.startswith(environment.PREFIX) or k in kept}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
+                                                                else []))  # packages installed beside, as on the GPU machine
         env.setdefault("OMP_NUM_THREADS", "2")
         return env
 

@@ -135,7 +135,7 @@ for part in "$@"; do
     piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     soak) default_model || continue  # 64 clients for SOAK_S seconds: the drafter killed, then a verifier restarted
-      timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes $((8 << 30)) \
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes $((8 << 30)) \
         --clients 64 --duration "${SOAK_S:-420}" --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
