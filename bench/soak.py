@@ -3,6 +3,7 @@
     python -m bench.soak                          # 64 streaming clients for 5 minutes, default model, CPU
     python -m bench.soak --clients 16 --duration 45 --json out.json
     python -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes 8589934592   # two verifiers on one GPU
+    python -m bench.soak --device cuda --dtype bfloat16 --deterministic ...   # outputs exactly the reference there
 
 The stack runs as real processes on free loopback ports (bench/local_stack.py): a drafter, `--verifiers`
 verifiers and a gateway. First the greedy reference of every prompt is taken with speculation off; then
@@ -219,9 +220,14 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--model", default="default")
     parser.add_argument("--kv-cache-bytes", type=int, help="each verifier's KV cache (verifiers that share a GPU)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="every service in the deterministic mode: on a GPU in bfloat16 the default mode's greedy "
+                             "text may differ from the reference under load (near-ties, batch-dependent rounding)")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     extra_args = ("--device", args.device, "--dtype", args.dtype, "--model", args.model)
+    if args.deterministic:
+        extra_args += ("--deterministic",)
     if args.kv_cache_bytes is not None:
         extra_args += ("--kv-cache-bytes", str(args.kv_cache_bytes))
     stack = Stack(num_verifiers=args.verifiers, extra_args=extra_args).start()

@@ -29,7 +29,8 @@
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
-# soak    : the real weights, python -m bench.soak on the GPU (two verifiers on it, 64 clients, SOAK_S s: 420)
+# soak    : the real weights, python -m bench.soak on the GPU (two verifiers on it, 64 clients, SOAK_S s: 420;
+#           SOAK_ARGS: more of its arguments, --deterministic for outputs that must equal the reference exactly)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # detkernels / dettests: tests/gpu/test_deterministic_cuda.py, its kernel tests alone / all of it (real weights)
 # defaulttest: tests/gpu/test_default_model.py (real weights), each differing prompt's top-2 gap printed
@@ -136,7 +137,7 @@ for part in "$@"; do
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     soak) default_model || continue  # 64 clients for SOAK_S seconds: the drafter killed, then a verifier restarted
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes $((8 << 30)) \
-        --clients 64 --duration "${SOAK_S:-420}" --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+        --clients 64 --duration "${SOAK_S:-420}" ${SOAK_ARGS:-} --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
