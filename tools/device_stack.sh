@@ -110,16 +110,6 @@ for part in "$@"; do
       LIMIT=120 stack .device/old spec_old --clients 1 16 --ks 0 4 --num-requests 128 --batch1-requests 24 --no-engine \
         --port-offset 900 ;;
     model) default_model ;;
-    contention)  # the engine alone, pinned to CPU 2, with the other CPUs quiet / busy / busy but its core's
-      # (tools/engine_contention.py; random weights of the default model's shapes)
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
-      timeout 300 python3 tools/engine_contention.py /tmp/models/smollm2-135m 2 > "$OUT/contention.log" 2>&1
-      echo "== contention (exit $?)"; grep "^| \|engine on" "$OUT/contention.log" ;;
-    oldbench)  # the real weights through the bench package of .device-part2/oldbench/bench (rounds 20-29's: each
-      # client its fixed share of the requests, a connection per request) over this tree, stack only
-      default_model || continue
-      BENCH_ROOT=$PWD/.device-part2/oldbench TAIL=4 LIMIT=${STACK_LIMIT:-200} stack . oldbench --clients 64 256 --ks 0 \
-        --num-requests "$REQUESTS" --no-engine --port-offset 900 ;;
     stack_new|stack_old)
       default_model || continue
       if [ "$part" = stack_new ]; then tree=. offset=800; else tree=.device/old offset=900; fi
