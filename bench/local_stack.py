@@ -181,8 +181,8 @@ class Stack:
     def env(self) -> dict[str, str]:
         kept = (environment.HOME, environment.DEFAULT_GGUF)  # where the model is, not how the services run
         env = {k: v for k, v in os.environ.items() if not k.startswith(environment.PREFIX) or k in kept}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
-                                                                else []))  # packages installed beside, as on the GPU machine
+        inherited = os.environ.get("PYTHONPATH")  # packages kept in a folder of their own, as on the GPU machine
+        env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{inherited}" if inherited else str(REPO_ROOT)
         env.setdefault("OMP_NUM_THREADS", "2")
         return env
 

@@ -61,9 +61,9 @@ REQUESTS=${STACK_REQUESTS:-600}
 # This tree's bench package alone in a folder of its own, so that `stack` runs it over the code of any tree
 mkdir -p /tmp/bench-root && ln -sfn "$PWD/bench" /tmp/bench-root/bench
 
-stack() {  # stack TREE NAME ARGS...: this tree's bench.stack (BENCH_ROOT's) over the code in TREE, its table last
+stack() {  # stack TREE NAME ARGS...: this tree's bench.stack over the code in TREE, its table last
   local tree name=$2; tree=$(cd "$1" && pwd); shift 2
-  (cd "${BENCH_ROOT:-/tmp/bench-root}" && PYTHONPATH=/tmp/site:$tree SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
+  (cd /tmp/bench-root && PYTHONPATH=/tmp/site:$tree SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf \
     timeout -s INT "${LIMIT:-560}" ${PROFILER:-} python3 -m bench.stack --device cuda --out "$OUT/$name.jsonl" \
       --stack-log "$OUT/$name.stack.log" "$@") >"$OUT/$name.log" 2>&1
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
@@ -126,13 +126,14 @@ for part in "$@"; do
     piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     soak) default_model || continue  # 64 clients for SOAK_S seconds: the drafter killed, then a verifier restarted
-      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes $((8 << 30)) \
-        --clients 64 --duration "${SOAK_S:-420}" ${SOAK_ARGS:-} --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+      # shellcheck disable=SC2086  # SOAK_ARGS: more bench.soak arguments
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda \
+        --dtype bfloat16 --kv-cache-bytes $((8 << 30)) --clients 64 --duration "${SOAK_S:-420}" ${SOAK_ARGS:-} \
+        --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
-    setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)"; lscpu | tee "$OUT/lscpu.txt" | head -20
-      lscpu -e > "$OUT/lscpu_e.txt" ;;
+    setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)"; lscpu > "$OUT/lscpu.txt" ;;
     detkernels)  # the deterministic mode's kernels alone (no model): a row's bits in any step
       python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_cuda.py -k "linear or rms_norm or attention or fused" \
         2>&1 | tee "$OUT/detkernels.log" | tail -8 ;;
