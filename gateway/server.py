@@ -116,6 +116,7 @@ def _http_server(config: GatewayConfig, pipeline: Pipeline) -> uvicorn.Server:
     tls = config.tls
     uvicorn_config = uvicorn.Config(
         app, host=config.host, port=config.http_port, log_level="warning", lifespan="off",
+        http="httptools",  # frames each streamed event in C; h11 cost 7% more CPU per token (BENCHMARKS round 30)
         ssl_certfile=tls.cert_path if tls else None, ssl_keyfile=tls.key_path if tls else None,
         # With a CA, HTTPS clients must present a certificate it signed, as gRPC clients must (mTLS).
         ssl_ca_certs=tls.ca_path if tls else None,

@@ -13,7 +13,7 @@ rm -rf .device/peers && cp -r "$kit/peers" .device/peers
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .device \
   grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 \
-  pydantic-core==2.50.5 annotated-types annotated-doc typing-inspection sniffio anyio uvicorn h11 click \
+  pydantic-core==2.50.5 annotated-types annotated-doc typing-inspection sniffio anyio uvicorn h11 httptools click \
   opentelemetry-api==1.45.2 gguf==0.19.0
 model=$("$py" -c "from specd.default_model import ensure_default_model; print(ensure_default_model())")
 gguf=${SPECD_HOME:-$HOME/.cache/specd}/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
