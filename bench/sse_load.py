@@ -71,10 +71,9 @@ class Connection:
         self.reader = self.writer = None
 
 
-async def stream_chat(host: str, port: int, body: bytes, connection: Connection | None = None) -> StreamRecord:
-    """One streaming chat completion, on `connection` (kept open for the next one) or on a connection of its own."""
-    record, own = StreamRecord(), connection is None
-    connection = connection or Connection(host, port)
+async def stream_chat(connection: Connection, body: bytes) -> StreamRecord:
+    """One streaming chat completion on `connection`, left open for the next one (unless the server closed it)."""
+    record = StreamRecord()
     started = time.perf_counter()
     try:
         status, headers = await connection.post("/v1/chat/completions", body)
@@ -106,7 +105,7 @@ async def stream_chat(host: str, port: int, body: bytes, connection: Connection 
                         record.gaps.append(now - last)
                     last = now
                     record.events += 1
-        if own or headers.get(b"connection") == b"close":
+        if headers.get(b"connection") == b"close":
             connection.close()
     except (OSError, asyncio.IncompleteReadError, ValueError) as error:
         record.error = f"{type(error).__name__}: {error}"
@@ -127,7 +126,7 @@ async def _clients(host: str, port: int, bodies: list[bytes], clients: int, take
     async def client() -> list[tuple[int, StreamRecord]]:
         connection, records = Connection(host, port), []
         while (index := take()) is not None:
-            records.append((index, await stream_chat(host, port, bodies[index], connection)))
+            records.append((index, await stream_chat(connection, bodies[index])))
         connection.close()
         return records
 

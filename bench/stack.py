@@ -12,11 +12,11 @@ Then the engine alone runs in this process on exactly the same requests (the gat
 same messages, the verifier's own engine config, the drafter's rule in process), as many at a time as there were
 clients. Each row reports output tok/s, TTFT and inter-event latency (one event per step that emitted text for the
 request) p50 / p99, the verifier's own mean time to first token (a request's arrival there to its first tokens
-leaving it: the rest of TTFT is the gateway and the network), request latency p50 / p99, errors, tokens per step and accepted / proposed, the verifier's stage
-means per step, the forward passes by path (CUDA graph, piecewise graphs, eager) and each process's CPU microseconds
-per output token; ratios to the engine alone, to speculation off and, at one client, to Hugging Face generate (--hf:
-plain greedy against k = 0, the best prompt lookup against k > 0). Results go to --out as JSON lines; a short
-table is printed last.
+leaving it: the rest of TTFT is the gateway and the network), request latency p50 / p99, errors, tokens per step
+and accepted / proposed, the verifier's stage means per step, the forward passes by path (CUDA graph, piecewise
+graphs, eager) and each process's CPU microseconds per output token; ratios to the engine alone, to speculation off
+and, at one client, to Hugging Face generate (--hf: plain greedy against k = 0, the best prompt lookup against
+k > 0). Results go to --out as JSON lines; a short table is printed last.
 """
 from __future__ import annotations
 
