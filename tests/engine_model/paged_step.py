@@ -66,6 +66,6 @@ def paged_step(cached_lens, query_lens, block_size, seed, head_dim=8, device="cp
 
 def run_backend(backend, step: PagedStep) -> torch.Tensor:
     """write_kv then attend, as an attention layer does; the output in float32 on the CPU."""
-    backend.write_kv(step.new_keys, step.new_values, step.k_cache, step.v_cache, step.metadata)
+    backend.write_kv(step.new_keys, step.new_values, step.k_cache, step.v_cache, step.metadata.slot_mapping)
     scale = step.query.shape[-1] ** -0.5
     return backend.attend(step.query, step.k_cache, step.v_cache, step.metadata, scale).float().cpu()

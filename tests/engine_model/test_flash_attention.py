@@ -13,7 +13,7 @@ BLOCK = 256  # flash-attn 2 paged KV needs a multiple of 256
 LAYOUTS = [
     ([300], [1]),  # batch-1 decode: the Triton GQA-packed kernel (too few sequences to fill the GPU)
     ([100, 700, 3], [5, 5, 5]),  # everyone verifying 4 drafts: the Triton kernel
-    ([0, 9, 600, 255], [300, 1, 5, 2]),  # prefill chunk mixed with decode and verify: flash_attn_varlen_func
+    ([0, 9, 600, 255], [300, 1, 5, 2]),  # prefill chunk mixed with decode and verify: the varlen kernel
 ]
 
 

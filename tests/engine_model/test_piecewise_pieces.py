@@ -1,6 +1,6 @@
 """The pieces of engine/piecewise_graphs.py, run in order as their graphs replay (on the CPU, in float32, without a
-capture): the forward they make, padding rows and all, gives the model's own forward's logits for prompt, mixed and
-decode steps; the buckets stop at the step budget or 2,048 tokens. tests/gpu/test_piecewise_graphs.py replays them
+capture): the forward they make, padding rows and all, gives the model's own forward's logits and KV cache (padding
+rows write only to the scratch block) for prompt, mixed and decode steps; the buckets stop at the step budget or 2,048 tokens. tests/gpu/test_piecewise_graphs.py replays them
 from CUDA graphs."""
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ BLOCK = 16
 
 
 def with_eager_pieces(runner: ModelRunner, max_tokens: int) -> PiecewiseGraphs:
-    """runner's pieces, each bucket's "graphs" calling the pieces themselves: what a capture records, run live."""
-    pieces = PiecewiseGraphs(runner.model, max_tokens, runner.device)
+    """runner's pieces, each bucket's "graphs" calling the pieces themselves: what a capture records, run live. As
+    capture_cuda_graphs does, it takes the last KV block as the scratch block that padding rows write to."""
+    runner.num_blocks -= 1
+    pieces = PiecewiseGraphs(runner.model, max_tokens, runner.num_blocks * BLOCK, runner.device)
     for rows in pieces.buckets:
         pieces._graphs[rows] = [SimpleNamespace(replay=partial(piece, rows)) for piece in pieces._pieces()]
     runner.pieces = pieces
@@ -47,8 +49,11 @@ def test_the_pieces_in_order_give_the_models_forward(tiny_llama):
         got = piecewise.execute(batch)
         assert (plain.last_forward_path, piecewise.last_forward_path) == ("eager", "piecewise")
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    for cache_plain, cache_pieces in zip(plain.kv_cache.k_caches, piecewise.kv_cache.k_caches):
-        torch.testing.assert_close(cache_pieces, cache_plain, atol=1e-5, rtol=1e-5)
+    owned = piecewise.num_blocks  # every block but the scratch block: padding rows wrote nowhere else
+    for caches_plain, caches_pieces in ((plain.kv_cache.k_caches, piecewise.kv_cache.k_caches),
+                                        (plain.kv_cache.v_caches, piecewise.kv_cache.v_caches)):
+        for cache_plain, cache_pieces in zip(caches_plain, caches_pieces):
+            torch.testing.assert_close(cache_pieces[:owned], cache_plain[:owned], atol=1e-5, rtol=1e-5)
 
 
 def test_a_step_above_the_largest_bucket_runs_the_models_forward(tiny_llama):

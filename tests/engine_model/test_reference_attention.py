@@ -31,7 +31,7 @@ def test_write_kv_stores_each_token_at_its_slot():
     k_cache, v_cache = torch.zeros(4, 2, 1, 3), torch.zeros(4, 2, 1, 3)
     key, value = torch.randn(3, 1, 3), torch.randn(3, 1, 3)
     metadata = AttentionMetadata.build([3], [3], [[3, 1]], [6, 7, 2], 2, torch.device("cpu"))
-    backend.write_kv(key, value, k_cache, v_cache, metadata)
+    backend.write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
     assert torch.equal(k_cache[3, 0], key[0]) and torch.equal(k_cache[3, 1], key[1])
     assert torch.equal(v_cache[1, 0], value[2]) and k_cache[0].abs().sum() == 0
 

@@ -43,7 +43,7 @@ def run_both(cached, query, tables, num_blocks, heads, kv_heads, head_dim, dtype
     outputs = []
     for backend, cast in ((FlashAttentionBackend(), dtype), (ReferenceAttentionBackend(), torch.float32)):
         kc, vc = k_cache.to(cast), v_cache.to(cast)
-        backend.write_kv(k.to(cast), v.to(cast), kc, vc, metadata)
+        backend.write_kv(k.to(cast), v.to(cast), kc, vc, metadata.slot_mapping)
         outputs.append(backend.attend(q.to(cast), kc, vc, metadata, head_dim ** -0.5).float())
     return outputs, metadata
 
@@ -93,10 +93,10 @@ def test_flash_write_then_attend_stores_what_the_reference_writes(width, batch):
     kc, vc = k_cache.clone(), v_cache.clone()
     flash = FlashAttentionBackend()
     assert flash._kv_writer is not None and flash._kv_writer.supports(k, kc, vc)  # noqa: SLF001 - the Triton writer
-    flash.write_kv(k, v, kc, vc, metadata)
+    flash.write_kv(k, v, kc, vc, metadata.slot_mapping)
     out = flash.attend(q, kc, vc, metadata, 128 ** -0.5).float()
     reference = ReferenceAttentionBackend()
-    reference.write_kv(k, v, k_cache, v_cache, metadata)
+    reference.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
     assert torch.equal(kc, k_cache) and torch.equal(vc, v_cache)
     expected = reference.attend(q.float(), k_cache.float(), v_cache.float(), metadata, 128 ** -0.5)
     relative = (out - expected).norm() / expected.norm()

@@ -21,8 +21,9 @@ class AttentionBackend(Protocol):
     name: str
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 metadata: AttentionMetadata) -> None:
-        """Stores key, value [num_tokens, num_kv_heads, head_dim] at metadata.slot_mapping."""
+                 slot_mapping: torch.Tensor) -> None:
+        """Stores key, value [num_tokens, num_kv_heads, head_dim] at slot_mapping [num_tokens] (the step's
+        metadata.slot_mapping, or a captured graph's buffer of it)."""
         ...
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

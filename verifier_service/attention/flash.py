@@ -11,8 +11,10 @@ Three kernels, all reading K/V straight from the paged cache through `block_tabl
   round 13). Decode and verify steps of few sequences then also attend with the same kernel.
 - `flash_attn_with_kvcache` for the other uniform steps (decode batches that fill the GPU, where FA2 is at the
   KV-read floor): q is reshaped to [batch, query_len, heads, head_dim].
-- `flash_attn_varlen_func` otherwise (prompt chunks mixed with verify tokens), with cu_seqlens_q over
-  the flattened queries and cu_seqlens_k over the sequences' context lengths.
+- flash-attn's varlen kernel otherwise (prompt chunks mixed with decoding or verify tokens), with cu_seqlens_q
+  over the flattened queries and cu_seqlens_k over the sequences' context lengths. It is called in flash-attn's
+  extension itself: `flash_attn_varlen_func` reaches it through an autograd Function and a Python-defined
+  torch custom op, host time that every layer of a prompt step paid between its piecewise graphs.
 With causal=True both align the mask to the bottom-right corner, so the query at position p of a
 sequence with context_len keys sees keys [0, p], which is exactly our causal rule.
 New keys and values: one Triton kernel writes both before attending (triton_kv_write.py; index_copy_ without
@@ -31,9 +33,10 @@ from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.reference import ReferenceAttentionBackend
 
 try:
-    from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+    from flash_attn import flash_attn_with_kvcache
+    from flash_attn.flash_attn_interface import flash_attn_gpu  # the extension's kernels (module docstring)
 except ImportError:  # flash-attn is optional: select_backend only picks this backend when it imports
-    flash_attn_varlen_func = flash_attn_with_kvcache = None
+    flash_attn_with_kvcache = flash_attn_gpu = None
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -64,7 +67,7 @@ class FlashAttentionBackend:
     name = "flash-attn"
 
     def __init__(self):
-        if flash_attn_varlen_func is None:
+        if flash_attn_gpu is None:
             raise RuntimeError("flash-attn is not importable; use the reference backend")
         self._writer = ReferenceAttentionBackend()
         self._triton = _load_triton_verify()
@@ -76,12 +79,12 @@ class FlashAttentionBackend:
         self.triton_widths: frozenset[int] | None = None
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 metadata: AttentionMetadata) -> None:
-        """key, value [num_tokens, num_kv_heads, head_dim] -> k_cache, v_cache at metadata.slot_mapping."""
+                 slot_mapping: torch.Tensor) -> None:
+        """key, value [num_tokens, num_kv_heads, head_dim] -> k_cache, v_cache at slot_mapping [num_tokens]."""
         if self._kv_writer is not None and self._kv_writer.supports(key, k_cache, v_cache):
-            self._kv_writer.write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
+            self._kv_writer.write_kv(key, value, k_cache, v_cache, slot_mapping)
         else:
-            self._writer.write_kv(key, value, k_cache, v_cache, metadata)
+            self._writer.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -95,11 +98,7 @@ class FlashAttentionBackend:
                 batched, k_cache, v_cache, cache_seqlens=metadata.context_lens,
                 block_table=metadata.block_tables, softmax_scale=scale, causal=True)
             return out.view(query.shape)
-        return flash_attn_varlen_func(
-            query, k_cache, v_cache,
-            cu_seqlens_q=metadata.cu_seqlens_q, cu_seqlens_k=metadata.cu_seqlens_k,
-            max_seqlen_q=metadata.max_seqlen_q, max_seqlen_k=metadata.max_seqlen_k,
-            softmax_scale=scale, causal=True, block_table=metadata.block_tables)
+        return _varlen(query, k_cache, v_cache, metadata, scale)
 
     def _takes_triton(self, query: torch.Tensor, k_cache: torch.Tensor, width: int, batch: int) -> bool:
         """Whether a uniform step of `width` tokens per sequence goes to the Triton kernel (module docstring)."""
@@ -121,3 +120,17 @@ class FlashAttentionBackend:
         return self._triton.verify_attention(
             query, k_cache, v_cache, metadata.block_tables, metadata.context_lens, scale,
             metadata.max_seqlen_q, num_splits=splits)
+
+
+def _varlen(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata,
+            scale: float) -> torch.Tensor:
+    """flash_attn_varlen_func(query, k_cache, v_cache, ..., causal=True, block_table=...) without its wrappers."""
+    query = query if query.stride(-1) == 1 else query.contiguous()  # the kernel's one layout demand on it
+    out, *_ = flash_attn_gpu.varlen_fwd(
+        query, k_cache, v_cache, None,  # out: a new tensor
+        metadata.cu_seqlens_q, metadata.cu_seqlens_k, None, None,  # seqused_k, leftpad_k
+        metadata.block_tables, None,  # alibi_slopes
+        metadata.max_seqlen_q, metadata.max_seqlen_k, 0.0, scale,  # dropout_p, softmax_scale
+        False, True, -1, -1, 0.0,  # zero_tensors, causal, window left / right, softcap
+        False, None)  # return_softmax, generator
+    return out

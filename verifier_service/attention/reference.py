@@ -62,10 +62,10 @@ class ReferenceAttentionBackend:
         self._layout: _StepLayout | None = None
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 metadata: AttentionMetadata) -> None:
-        """key, value [num_tokens, num_kv_heads, head_dim] -> k_cache, v_cache at metadata.slot_mapping."""
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, metadata.slot_mapping, key)
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, metadata.slot_mapping, value)
+                 slot_mapping: torch.Tensor) -> None:
+        """key, value [num_tokens, num_kv_heads, head_dim] -> k_cache, v_cache at slot_mapping [num_tokens]."""
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:

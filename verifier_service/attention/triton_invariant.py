@@ -171,8 +171,8 @@ class InvariantTritonBackend:
     name = "invariant-triton"
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 metadata: AttentionMetadata) -> None:
-        triton_write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
+                 slot_mapping: torch.Tensor) -> None:
+        triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float) -> torch.Tensor:

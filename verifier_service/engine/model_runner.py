@@ -137,7 +137,8 @@ class ModelRunner:
                                    self.max_model_len, self.device, max_verify_batch, compile_step=self.compiled)
         self.graphs.capture()
         if max_piecewise_tokens > 0:
-            self.pieces = PiecewiseGraphs(self.model, max_piecewise_tokens, self.device)
+            self.pieces = PiecewiseGraphs(self.model, max_piecewise_tokens, self.num_blocks * self.block_size,
+                                          self.device)
             self.pieces.capture()
         return True
 

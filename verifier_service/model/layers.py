@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verifier_service.attention.backend import AttentionBackend
-from verifier_service.attention.metadata import current_attention_metadata
+from verifier_service.attention.metadata import AttentionMetadata, current_attention_metadata
 from verifier_service.model.config import ModelConfig
 from verifier_service.model.rope import RotaryEmbedding
 
@@ -90,7 +90,15 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Writes k, v to the cache, then q attends: [num_tokens, heads, head_dim] (before o_proj)."""
         metadata = current_attention_metadata()
-        self.backend.write_kv(k, v, self.k_cache, self.v_cache, metadata)
+        self.write_kv(k, v, metadata.slot_mapping)
+        return self.attend_cached(q, metadata)
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """k, v [num_tokens, kv_heads, head_dim] into the cache at slot_mapping [num_tokens]."""
+        self.backend.write_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
+
+    def attend_cached(self, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """q attends to the cache, which already holds this step's keys and values (`write_kv`)."""
         return self.backend.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
 
 
