@@ -2,7 +2,8 @@
 # Fills the git-ignored folders a device call carries (tools/device_call.sh, carry [".device"] then, in the next call,
 # [".device-part2"]): the GPU image's missing wheels, the device kit's flash-attn wheel and peers, the default model's
 # tokenizer (.device/model), config-only checkpoints for bench.deterministic's random weights, and the default model's
-# GGUF in two pieces (over one call's 64 MiB carry).
+# GGUF in two pieces (over one call's 64 MiB carry), and the setuptools and pybind11 wheels that
+# tools/build_native_store.sh builds the drafter's native store with there (.device/build).
 #   bash tools/device_prepare.sh KIT_DIR     # KIT_DIR: the device kit (flash-attn wheel, peers/)
 set -euo pipefail
 kit=${1:?the device kit folder (flash-attn wheel, peers/)}
@@ -15,6 +16,7 @@ rm -rf .device/peers && cp -r "$kit/peers" .device/peers
   grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 \
   pydantic-core==2.50.5 annotated-types annotated-doc typing-inspection sniffio anyio uvicorn h11 httptools click \
   opentelemetry-api==1.45.2 gguf==0.19.0
+"$py" -m pip download -q --no-deps --only-binary=:all: -d .device/build setuptools pybind11
 model=$("$py" -c "from specd.default_model import ensure_default_model; print(ensure_default_model())")
 gguf=${SPECD_HOME:-$HOME/.cache/specd}/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 tokenizer=(tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json)

@@ -57,6 +57,7 @@ default_model() {  # the real weights, converted once per machine
 # Requests a run of stack_engine / stack_new / stack_old at 16-256 clients: 600 runs several waves at 256 (at 128,
 # round 28's runs lasted 0.75-2.9 s, and the first wave's time to first token weighed on them)
 REQUESTS=${STACK_REQUESTS:-600}
+CLIENTS=${STACK_CLIENTS:-1 16 64 256}  # client counts of stack_engine / stack_new / stack_old
 
 # This tree's bench package alone in a folder of its own, so that `stack` runs it over the code of any tree
 mkdir -p /tmp/bench-root && ln -sfn "$PWD/bench" /tmp/bench-root/bench
@@ -114,10 +115,10 @@ for part in "$@"; do
       default_model || continue
       if [ "$part" = stack_new ]; then tree=. offset=800; else tree=.device/old offset=900; fi
       offset=${PORT_OFFSET:-$offset}
-      LIMIT=${STACK_LIMIT:-420} stack "$tree" "$part" --clients 1 16 64 256 --ks 0 4 --num-requests "$REQUESTS" --no-engine \
+      LIMIT=${STACK_LIMIT:-420} stack "$tree" "$part" --clients $CLIENTS --ks 0 4 --num-requests "$REQUESTS" --no-engine \
         --port-offset "$offset" ;;
     stack_engine) default_model || continue
-      LIMIT=${STACK_LIMIT:-540} stack . stack_engine --clients 1 16 64 256 --ks 0 4 --num-requests "$REQUESTS" ;;
+      LIMIT=${STACK_LIMIT:-540} stack . stack_engine --clients $CLIENTS --ks 0 4 --num-requests "$REQUESTS" ;;
     engine_new) bash tools/device_run.sh latency1 throughput ;;
     engine_old) bash tools/device_run.sh before throughput_before ;;
     engine_throughput) bash tools/device_run.sh throughput ;;
