@@ -1,13 +1,16 @@
 """Continuing from a step still in flight (previous_tokens.py): its last tokens go to each placeholder row of
 flattened batches (eager steps) and of the padded [bucket, width] rows of a CUDA-graph step, its accepted
-counts to the graph's advances, and an eager step whose starts depend on them gets the real ones."""
+counts to the graph's advances, and an eager step whose starts depend on them gets the real ones: on the device
+(advance_on_device) exactly as the host builds them from the step's result (resolve_on_host)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
-from verifier_service.engine.previous_tokens import feed_previous_tokens, may_advance, resolve_on_host
+from verifier_service.attention.metadata import AttentionMetadata
+from verifier_service.engine.previous_tokens import (advance_on_device, feed_previous_tokens, may_advance,
+                                                     resolve_on_host)
 
 PLACEHOLDER = 0
 
@@ -60,3 +63,30 @@ def test_an_eager_step_gets_real_tokens_and_starts_and_the_batch_is_left_as_it_w
     assert resolved.previous_result is None
     assert [(r.token_ids, r.start_position) for r in batch.requests] == [
         ([PLACEHOLDER], 7), ([11, 12, 13], 0), ([PLACEHOLDER, 21], 5)]
+
+
+def flattened(batch: ScheduledBatch, block_size: int) -> tuple[AttentionMetadata, torch.Tensor]:
+    """The attention metadata and positions of batch as ModelRunner.execute flattens it (CPU)."""
+    positions = [p for r in batch.requests for p in range(r.start_position, r.context_len)]
+    slots = [r.block_table[p // block_size] * block_size + p % block_size
+             for r in batch.requests for p in range(r.start_position, r.context_len)]
+    metadata = AttentionMetadata.build([r.num_tokens for r in batch.requests], [r.context_len for r in batch.requests],
+                                       [r.block_table for r in batch.requests], slots, block_size, "cpu")
+    return metadata, torch.tensor(positions)
+
+
+def test_an_eager_step_advanced_on_the_device_equals_the_step_resolved_on_the_host():
+    batch = continuing_batch(num_drafts=4)  # "c" continues from a row that accepted 3 of its 4 drafts
+    ids = torch.tensor([PLACEHOLDER, 11, 12, 13, PLACEHOLDER, 21])
+    advances = torch.zeros(3, dtype=torch.int64)
+    feed_previous_tokens(ids, batch, advances=advances)
+    metadata, positions = advance_on_device(batch, *flattened(batch, block_size=8), advances)
+
+    expected, expected_positions = flattened(resolve_on_host(batch), block_size=8)
+    assert positions.tolist() == expected_positions.tolist() == [7, 0, 1, 2, 8, 9]
+    assert metadata.slot_mapping.tolist() == expected.slot_mapping.tolist() == [7, 8, 9, 10, 24, 25]
+    assert metadata.context_lens.tolist() == expected.context_lens.tolist() == [8, 3, 10]
+    assert metadata.cu_seqlens_k.tolist() == expected.cu_seqlens_k.tolist()
+    assert metadata.cu_seqlens_q.tolist() == expected.cu_seqlens_q.tolist()
+    assert metadata.max_seqlen_k == 11 >= expected.max_seqlen_k  # an upper bound: all 4 drafts accepted
+    assert ids.tolist() == [103, 11, 12, 13, 101, 21]

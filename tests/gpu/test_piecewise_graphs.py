@@ -93,3 +93,30 @@ def test_an_engine_with_the_pieces_gives_the_greedy_text_of_eager_prompt_steps(c
     stats = graphed.take_step_stats()
     assert sum(s.num_piecewise_replays for s in stats) >= 2  # the prompt chunks (and any mixed step)
     assert_equal_or_near_tie(graphed, {f"r{i}": p for i, p in enumerate(prompts)}, outputs, plain, BLOCK)
+
+
+def test_prompt_chunks_beside_drafting_sequences_launched_ahead_give_the_plain_greedy_text(checkpoint, monkeypatch):
+    """Prompts in 64-token chunks while a short one already drafts: mixed steps (the pieces) launched ahead of a step
+    whose drafts they continue from, their positions, slots and context lengths moved on the device."""
+    from support.proposers import OracleProposer
+    from verifier_service.engine.config import EngineConfig
+    from verifier_service.engine import model_runner
+    from verifier_service.engine.engine import Engine
+
+    advanced = []  # the steps whose starts moved on the device
+    advance = model_runner.advance_on_device
+    monkeypatch.setattr(model_runner, "advance_on_device", lambda *args: advanced.append(1) or advance(*args))
+
+    def engine(proposer, async_scheduling: bool) -> Engine:
+        return Engine(EngineConfig(model=str(checkpoint), device="cuda", dtype="bfloat16", block_size=BLOCK,
+                                   kv_cache_bytes=64 << 20, max_num_seqs=8, num_speculative_tokens=4,
+                                   max_num_batched_tokens=64, enable_prefix_caching=False,
+                                   async_scheduling=async_scheduling), proposer)
+
+    prompts = [PROMPTS[0][:20], PROMPTS[1], PROMPTS[2]]
+    plain = generate_greedy(engine(None, async_scheduling=False), prompts, 24)
+    proposer = OracleProposer({rid: prompts[int(rid[1:])] + out for rid, out in plain.items()})
+    ahead = engine(proposer, async_scheduling=True)
+    outputs = generate_greedy(ahead, prompts, 24)
+    assert ahead.runner.pieces is not None and advanced and proposer.num_proposed > 0
+    assert_equal_or_near_tie(ahead, {f"r{i}": p for i, p in enumerate(prompts)}, outputs, plain, BLOCK)

@@ -21,7 +21,7 @@ from verifier_service.engine.cuda_graphs import GraphedSteps
 from verifier_service.engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, num_blocks_for_gpu
 from verifier_service.engine.loader import load_model
 from verifier_service.engine.piecewise_graphs import PiecewiseGraphs
-from verifier_service.engine.previous_tokens import feed_previous_tokens, may_advance, resolve_on_host
+from verifier_service.engine.previous_tokens import advance_on_device, feed_previous_tokens, may_advance
 from verifier_service.host_copy import to_device
 from verifier_service.model.compile import compile_regions
 from verifier_service.model.config import load_model_config
@@ -153,8 +153,6 @@ class ModelRunner:
             self.last_forward_path = "graph"
             outputs, rows = self.graphs.run(batch, shape)
             return outputs.logits.clone() if rows is None else outputs.logits[rows]  # not the graph's buffer
-        if may_advance(batch):  # positions depend on the step in flight: eager steps need them on the host
-            batch = resolve_on_host(batch)
         input_ids, positions, slots, logit_rows = [], [], [], []  # flattened over the batch
         for request in batch.requests:
             first_row = len(input_ids)
@@ -171,7 +169,13 @@ class ModelRunner:
         # One host-to-device copy for the token ids, their positions and the rows that need logits.
         packed = to_device(input_ids + positions + logit_rows, torch.int64, self.device)
         token_tensor, position_tensor, row_tensor = packed.split([len(input_ids), len(positions), len(logit_rows)])
-        feed_previous_tokens(token_tensor, batch)  # tokens the previous step sampled, still on the device
+        # The tokens the step in flight samples, still on the device; where a start depends on how many of its
+        # drafts it accepts, that count moves the positions, slots and context lengths, on the device too.
+        advances = (torch.zeros(len(batch.requests), dtype=torch.int64, device=self.device)
+                    if may_advance(batch) else None)
+        feed_previous_tokens(token_tensor, batch, advances=advances)
+        if advances is not None:
+            metadata, position_tensor = advance_on_device(batch, metadata, position_tensor, advances)
         piecewise = self.pieces is not None and self.pieces.fits(len(input_ids))
         self.last_forward_path = "piecewise" if piecewise else "eager"
         with attention_context(metadata):  # hidden [num_tokens, hidden_size]

@@ -4,21 +4,25 @@ When step N + 1 is scheduled while step N still runs, a request that step N emit
 from N's result, which the host has not seen: the scheduler puts a placeholder in token_ids[0] and a start
 position that assumes N accepts none of the request's drafts, and the engine points `previous_token_row`
 at the request's row of N's result, `previous_result` [n, 2] = (last token emitted, drafts accepted), still
-on the device. Three ways to use it:
+on the device. Three ways to use it, none waiting for step N:
 - `feed_previous_tokens`: overwrite the placeholders of the device input ids (a gather and a scatter, no
-  host sync); enough where no entry can advance (N scored no drafts for it);
-- `feed_previous_advances`: the accepted counts, added on the device to the positions of a CUDA-graph step
-  (cuda_graphs.py computes positions, slots and context lengths from them inside the graph);
-- `resolve_on_host`: a copy of the batch with the real tokens and positions, for an eager step whose
-  entries may advance (it waits for step N: such steps are rare, e.g. batches beyond the captured sizes).
+  host sync); enough where no entry can advance (N scored no drafts for it); with `advances`, also the accepted
+  counts per entry, which a CUDA-graph step adds to its positions inside the graph (cuda_graphs.py computes
+  positions, slots and context lengths from them there);
+- `advance_on_device`: the same for an eager or piecewise step (a prompt mixed with drafting sequences, a batch
+  beyond the captured ones): its positions, slots and attention metadata moved on by the accepted counts.
+`resolve_on_host` builds the same step on the host from N's result, waiting for it: the reference the tests
+compare `advance_on_device` with.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
+from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.engine.batch import ScheduledBatch
 from verifier_service.host_copy import to_device
 
@@ -75,6 +79,27 @@ def feed_previous_tokens(ids: torch.Tensor, batch: ScheduledBatch, width: int | 
     ids.index_copy_(0, pairs[0], taken[:, 0])
     if advances is not None:
         advances.index_copy_(0, pairs[2], taken[:, 1])
+
+
+def advance_on_device(batch: ScheduledBatch, metadata: AttentionMetadata, positions: torch.Tensor,
+                      advances: torch.Tensor) -> tuple[AttentionMetadata, torch.Tensor]:
+    """The metadata and positions [num_tokens] of a flattened step, built as scheduled (no draft of the step in
+    flight accepted), moved on by `advances` ([batch size] int64 on the device: feed_previous_tokens's accepted
+    counts). Positions, slots, context lengths and their running sum move on the device; max_seqlen_k becomes an
+    upper bound (every draft accepted: each request's block table covers that case), which the kernels take as
+    such. No host sync."""
+    query_lens = (metadata.cu_seqlens_q[1:] - metadata.cu_seqlens_q[:-1]).long()
+    rows_batch = torch.repeat_interleave(torch.arange(len(batch.requests), device=positions.device), query_lens,
+                                         output_size=positions.shape[0])  # each token's sequence
+    positions = positions + advances[rows_batch]
+    block_size = metadata.block_size
+    slots = metadata.block_tables[rows_batch, positions // block_size].long() * block_size + positions % block_size
+    context_lens = metadata.context_lens + advances.to(torch.int32)
+    cu_seqlens_k = torch.zeros_like(metadata.cu_seqlens_k)
+    torch.cumsum(context_lens, 0, dtype=torch.int32, out=cu_seqlens_k[1:])
+    longest = max(r.context_len + (r.previous_num_drafts if r.previous_token_row >= 0 else 0) for r in batch.requests)
+    return dataclasses.replace(metadata, slot_mapping=slots, context_lens=context_lens, cu_seqlens_k=cu_seqlens_k,
+                               max_seqlen_k=longest), positions
 
 
 def resolve_on_host(batch: ScheduledBatch) -> ScheduledBatch:
