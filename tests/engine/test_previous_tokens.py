@@ -1,16 +1,16 @@
 """Continuing from a step still in flight (previous_tokens.py): its last tokens go to each placeholder row of
 flattened batches (eager steps) and of the padded [bucket, width] rows of a CUDA-graph step, its accepted
 counts to the graph's advances, and an eager step whose starts depend on them gets the real ones: on the device
-(advance_on_device) exactly as the host builds them from the step's result (resolve_on_host)."""
+(advance_on_device) exactly as the host builds them from the step's result (support/resolved_steps.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
+from support.resolved_steps import resolve_on_host
 from verifier_service.attention.metadata import AttentionMetadata
-from verifier_service.engine.previous_tokens import (advance_on_device, feed_previous_tokens, may_advance,
-                                                     resolve_on_host)
+from verifier_service.engine.previous_tokens import advance_on_device, feed_previous_tokens, may_advance
 
 PLACEHOLDER = 0
 

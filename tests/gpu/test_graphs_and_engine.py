@@ -88,7 +88,7 @@ def test_a_graph_step_continuing_from_a_step_in_flight_equals_eager_on_the_real_
     """The step in flight fed 1 + 4 tokens per sequence and accepted `advances` of them; the next step, packed
     before that was known, takes its first token and its start from the result on the device (positions,
     slots and context lengths computed inside the graph) and judges its drafts inside the graph."""
-    from verifier_service.engine.previous_tokens import resolve_on_host
+    from support.resolved_steps import resolve_on_host
     from verifier_service.engine.rejection_sampler import verify
     from verifier_service.engine.request import Request
     from verifier_service.engine.sampling_metadata import SamplingMetadata

@@ -11,12 +11,9 @@ on the device. Three ways to use it, none waiting for step N:
   positions, slots and context lengths from them there);
 - `advance_on_device`: the same for an eager or piecewise step (a prompt mixed with drafting sequences, a batch
   beyond the captured ones): its positions, slots and attention metadata moved on by the accepted counts.
-`resolve_on_host` builds the same step on the host from N's result, waiting for it: the reference the tests
-compare `advance_on_device` with.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import TYPE_CHECKING
 
@@ -101,17 +98,3 @@ def advance_on_device(batch: ScheduledBatch, metadata: AttentionMetadata, positi
     return dataclasses.replace(metadata, slot_mapping=slots, context_lens=context_lens, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_k=longest), positions
 
-
-def resolve_on_host(batch: ScheduledBatch) -> ScheduledBatch:
-    """A copy of batch whose continuing entries carry the real token and start (waits for the previous step)."""
-    if batch.previous_result is None:
-        return batch
-    result = batch.previous_result.tolist()
-    requests = []
-    for request in batch.requests:
-        if request.previous_token_row >= 0:
-            request = copy.copy(request)
-            request.token_ids = list(request.token_ids)
-            request.resolve_previous(*result[request.previous_token_row])
-        requests.append(request)
-    return ScheduledBatch(requests)
