@@ -4,7 +4,7 @@ When step N + 1 is scheduled while step N still runs, a request that step N emit
 from N's result, which the host has not seen: the scheduler puts a placeholder in token_ids[0] and a start
 position that assumes N accepts none of the request's drafts, and the engine points `previous_token_row`
 at the request's row of N's result, `previous_result` [n, 2] = (last token emitted, drafts accepted), still
-on the device. Three ways to use it, none waiting for step N:
+on the device. Two ways to use it, neither waiting for step N:
 - `feed_previous_tokens`: overwrite the placeholders of the device input ids (a gather and a scatter, no
   host sync); enough where no entry can advance (N scored no drafts for it); with `advances`, also the accepted
   counts per entry, which a CUDA-graph step adds to its positions inside the graph (cuda_graphs.py computes
