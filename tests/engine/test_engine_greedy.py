@@ -131,3 +131,14 @@ def test_prefix_cache_hit_skips_recomputation_and_keeps_output(prompts, hf_greed
     cached = (len(prompts[longest]) - 1) // 16 * 16
     assert first == second == {"p0": hf_greedy[f"p{longest}"]}
     assert fed_second <= fed_first - cached
+
+
+def test_a_request_alone_with_async_drafts_equals_transformers_generate(prompts, hf_greedy, runner):
+    """Batch 1, overlapped, with drafts on some steps and not on others: a step behind one with drafts has its
+    context length moved on the device and only an upper bound of it on the host; its attention still sees only
+    the sequence's own keys (the reference backend's batch-1 shortcut once saw the bound's stale keys too)."""
+    config = dataclasses.replace(CONFIG, async_scheduling=True)
+    for index, prompt in enumerate(prompts):
+        engine = Engine(config, proposer=BruteForceNgramProposer(), runner=runner)
+        engine.add_request(f"p{index}", prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        assert run(engine) == {f"p{index}": hf_greedy[f"p{index}"]}

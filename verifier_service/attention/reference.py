@@ -40,8 +40,10 @@ def step_layout(metadata: AttentionMetadata) -> _StepLayout:
     token_batch = torch.repeat_interleave(
         torch.arange(metadata.batch_size, device=device), query_lens, output_size=metadata.num_tokens)
     token_row = torch.arange(metadata.num_tokens, device=device) - metadata.cu_seqlens_q.long()[token_batch]
-    if metadata.batch_size == 1 and metadata.max_seqlen_q in (1, metadata.max_seqlen_k):
-        # Batch-1 decode sees every key; a batch-1 fresh prompt is SDPA's own causal case.
+    exact = metadata.batch_size == 1 and int(metadata.context_lens[0]) == metadata.max_seqlen_k  # not a bound
+    if exact and metadata.max_seqlen_q in (1, metadata.max_seqlen_k):
+        # Batch-1 decode sees every key; a batch-1 fresh prompt is SDPA's own causal case. Only where max_seqlen_k
+        # is the sequence's own length: a step advanced on the device (previous_tokens.py) has an upper bound there.
         return _StepLayout(key_slots, None, metadata.max_seqlen_q > 1, token_batch, token_row)
     return _StepLayout(key_slots, mask.unsqueeze(1), False, token_batch, token_row)
 
