@@ -12,7 +12,10 @@ from specd.default_model import resolve_model_path
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 from support import reference
 
-PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
+# A function the model copies: drafts from the context are accepted whatever the drafter's timing. (The model does
+# not repeat the fox sentence that stood here: its drafts were accepted only when they came on the very first steps.)
+PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+          "# The same function again:\ndef fibonacci(n):\n")
 MAX_TOKENS = 16
 NUM_TOP = 5
 TOLERANCE = 1e-4
@@ -53,6 +56,8 @@ def test_grpc_and_completions_logprobs_equal_transformers(stack, tokenizer, num_
     request = gateway_pb2.GenerateRequest(prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=NUM_TOP,
                                           num_speculative_tokens=num_speculative_tokens)
     with grpc.insecure_channel(stack.gateway_address) as channel:
+        if num_speculative_tokens:  # the stack's first drafting request opens the drafter link's stream
+            list(gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120))
         messages = list(gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=120))
     entries = [entry for message in messages for entry in message.logprobs]
     tokens = [entry.chosen.token_id for entry in entries]
