@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from support.resolved_steps import resolve_on_host
 from verifier_service.attention.metadata import AttentionMetadata
+from verifier_service.engine.batch import ScheduledBatch, ScheduledRequest
 from verifier_service.engine.previous_tokens import advance_on_device, feed_previous_tokens, may_advance
 
 PLACEHOLDER = 0

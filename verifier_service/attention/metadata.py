@@ -29,7 +29,7 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [batch] int32: keys visible to a sequence's last query after this step's write
     block_tables: torch.Tensor  # [batch, max_blocks] int32: KV block ids per sequence, padded with 0
     max_seqlen_q: int  # longest run of query tokens in the batch
-    max_seqlen_k: int  # longest context_len in the batch
+    max_seqlen_k: int  # longest context_len in the batch, or an upper bound of it (previous_tokens.advance_on_device)
     block_size: int  # tokens per KV block
 
     @property

@@ -97,4 +97,3 @@ def advance_on_device(batch: ScheduledBatch, metadata: AttentionMetadata, positi
     longest = max(r.context_len + (r.previous_num_drafts if r.previous_token_row >= 0 else 0) for r in batch.requests)
     return dataclasses.replace(metadata, slot_mapping=slots, context_lens=context_lens, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_k=longest), positions
-
