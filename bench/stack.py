@@ -69,6 +69,7 @@ class Row:
     accepted_tokens: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per engine step
     late: float = float("nan")  # share of the engine's steps whose drafts the drafter did not deliver in time
+    own: float = float("nan")  # share of the engine's steps its drafter link drafted from its own copy instead
     forwards: dict[str, float] = field(default_factory=dict)  # forward passes by path: graph, piecewise, eager
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
 
@@ -137,7 +138,8 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
             elif sample.name == "specd_forward_passes_total":
                 values[f"forwards {sample.labels['path']}"] = sample.value
             elif sample.name in ("specd_spec_decode_num_draft_tokens_total",
-                                 "specd_spec_decode_num_accepted_tokens_total", "specd_drafter_fallbacks_total"):
+                                 "specd_spec_decode_num_accepted_tokens_total", "specd_drafter_fallbacks_total",
+                                 "specd_drafter_context_drafts_total"):
                 values[sample.name] = sample.value
     return values
 
@@ -167,8 +169,9 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     _add_records(row, records)
     steps = max(after.get("steps", 0) - before.get("steps", 0), 1)
     row.stage_ms = {s: 1000 * (after.get(s, 0) - before.get(s, 0)) / steps for s in STAGES}
-    fallbacks = "specd_drafter_fallbacks_total"
+    fallbacks, own = "specd_drafter_fallbacks_total", "specd_drafter_context_drafts_total"
     row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
+    row.own = (after.get(own, 0) - before.get(own, 0)) / steps
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
     row.forwards = {path: after.get(f"forwards {path}", 0) - before.get(f"forwards {path}", 0) for path in PATHS}
     first = "specd_verifier_time_to_first_token_seconds"
@@ -319,7 +322,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
     hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
     print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'ver TTFT':>9}"
           f"{'gap p50/p99':>13}"
-          f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}{'late':>6}  {'stage ms propose/score/verify':<30}"
+          f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}{'late':>6}{'own':>6}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}{'forwards graph/piece/eager':>28}")
     for r in rows:
         versus_engine = engine.get((r.clients, r.k))
@@ -335,7 +338,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{r.verifier_ttft_ms:>9.1f}"
               f"{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
-              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}  "
+              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}{r.own:>6.2f}  "
               f"{stages:<30}{cpu:>24}{forwards:>28}",
               flush=flush)
 

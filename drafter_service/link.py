@@ -4,9 +4,15 @@
 In the engine's process each of them takes the GIL from the engine thread at every message, and the engine's loop
 waits behind them: at one client the stack drafted at 0.93x its speed without drafts, the same stack with the
 drafter's rule in process at 1.37x (docs/BENCHMARKS.md, round 22). Here the engine thread only writes one pipe
-message per step (each context's new tokens since the last) and reads the replies already there; the link process
-holds every context, runs the client and answers each step with its drafts, or None for none (the client fell
-back, or a newer step came in meanwhile: the link answers only the newest, so a slow drafter never builds a queue).
+message per step (each context's new tokens since the last) and reads the replies already there.
+
+The link process answers each step twice. First at once, from its own copy of the contexts: the drafter's rule over
+each request's own context (drafter_service/local.py, no memory), a pipe hop away. Then with the drafter service's
+answer, as the entries where it differs (its memory of earlier outputs), or None where it failed, was late, or a
+newer step came in meanwhile (the service is asked only the newest step, so a slow drafter never builds a queue).
+A GPU step of a small model takes under a millisecond, about what the service's round trip takes
+(through two processes and gRPC): the service's answer missed 26-63% of the steps at one client (round 31). The
+own answer is there in time, so a late or dead drafter service costs the memory's drafts, not the context's.
 
 `DrafterLink` is a Proposer (verifier_service/engine/proposer.py) with `begin_propose`, like the client. A link
 process that dies costs drafts, never a request: the engine decodes without them while a new one starts.
@@ -17,16 +23,30 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from drafter_service.batch import DraftRequest
 from specd.serving import TlsConfig
 
 logger = logging.getLogger(__name__)
 
-_FELL_BACK = None  # the link's answer for a step that got no drafts
+_CONTEXT = "context"  # an answer from the link's own copy of the contexts (the service's: service_asker.SERVICE)
+
+
+@dataclass
+class _StepAnswers:
+    """What came back for one step: the link's own drafts and the service's differences from them."""
+
+    context: dict[str, list[int]] | None = None  # the link's own drafts
+    service: dict[str, list[int]] | None = None  # entries where the service's drafts differ ([] = none)
+    service_done: bool = False  # the service answered, or the link gave up on it
+
+
+_NOTHING_YET = _StepAnswers()  # read only
 
 
 class _PendingStep:
@@ -36,7 +56,8 @@ class _PendingStep:
         self.link, self.step_id, self.deadline = link, step_id, deadline
 
     def result(self, wait: bool = True) -> dict[str, list[int]]:
-        """Drafts per request id; {} (a counted fallback) when none came by the deadline (without `wait`: now)."""
+        """Drafts per request id: the service's where it answered by the deadline (without `wait`: by now), else the
+        link's own; {} when neither came."""
         if self.link is None:
             return {}
         return self.link._finish(self, wait)  # noqa: SLF001 - the link's own helper
@@ -48,10 +69,11 @@ class DrafterLink:
     def __init__(self, target: str, *, timeout_s: float = 0.005, tls: TlsConfig | None = None) -> None:
         """`timeout_s` is the per-step deadline (the CLI's --drafter-timeout-ms / 1000)."""
         self.target, self.timeout_s, self._tls = target, timeout_s, tls
-        self.num_fallbacks = 0  # steps that wanted drafts and got none because of the drafter (or the link)
+        self.num_fallbacks = 0  # steps that wanted drafts and missed the service's answer (or the link's)
+        self.num_context_drafts = 0  # of those, steps drafted from the link's own copy of the contexts
         self._step_id = 0
         self._sent: dict[str, int] = {}  # per request: tokens the link process holds
-        self._answers: dict[int, dict[str, list[int]] | None] = {}  # read before their step was collected
+        self._answers: dict[int, _StepAnswers] = {}  # read before their step was collected
         self._conn = self._process = None
         self._starting: threading.Thread | None = None
         self._start()
@@ -84,29 +106,35 @@ class DrafterLink:
         return _PendingStep(self, self._step_id, time.monotonic() + self.timeout_s)
 
     def _finish(self, pending: _PendingStep, wait: bool) -> dict[str, list[int]]:
-        answer = self._answer(pending.step_id, pending.deadline if wait else 0.0)
-        if answer is _FELL_BACK:
-            self.num_fallbacks += 1
+        answers = self._read(pending.step_id, pending.deadline if wait else 0.0)
+        if answers.service is not None:
+            return _merged(answers.context or {}, answers.service)
+        self.num_fallbacks += 1
+        if answers.context is None:
             return {}
-        return answer
+        self.num_context_drafts += 1
+        return answers.context
 
-    def _answer(self, step_id: int, deadline: float):
-        """The link's answer to step_id, reading answers off the pipe until it or `deadline`; _FELL_BACK if none."""
+    def _read(self, step_id: int, deadline: float) -> _StepAnswers:
+        """The step's answers, reading the pipe until the service's is in or `deadline` has passed."""
         if not self._usable():
-            return _FELL_BACK
+            return _StepAnswers()
         try:
-            while step_id not in self._answers:
-                remaining = deadline - time.monotonic()
-                if not self._conn.poll(max(remaining, 0.0)):
+            while not self._answers.get(step_id, _NOTHING_YET).service_done:
+                if not self._conn.poll(max(deadline - time.monotonic(), 0.0)):
                     break
-                answered_id, drafts = self._conn.recv()
-                self._answers[answered_id] = drafts
+                answered_id, source, drafts = self._conn.recv()
+                answers = self._answers.setdefault(answered_id, _StepAnswers())
+                if source == _CONTEXT:
+                    answers.context = drafts
+                else:
+                    answers.service, answers.service_done = drafts, True
         except (EOFError, OSError):
             self._lost("its pipe closed")
-        answer = self._answers.pop(step_id, _FELL_BACK)
+        answers = self._answers.pop(step_id, _StepAnswers())
         for old in [i for i in self._answers if i < step_id]:  # steps never collected (an engine that failed one)
             del self._answers[old]
-        return answer
+        return answers
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget finished or aborted requests (here, in the link process and on the drafter)."""
@@ -164,40 +192,56 @@ class DrafterLink:
         self._starting.start()
 
 
+def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The service's drafts: the link's own, with the entries where the service's differ."""
+    drafts = {**context, **differences}
+    return {request_id: tokens for request_id, tokens in drafts.items() if tokens}
+
+
 def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int) -> None:
-    """The link process: applies the engine's messages and answers each step with the client's drafts."""
-    from drafter_service.client import DrafterClient
+    """The link process: applies the engine's messages, answers each step from its own copy of the contexts at
+    once, and again with the service's drafts (`ServiceAsker`)."""
+    from drafter_service.config import DrafterConfig
+    from drafter_service.local import LocalProposer
+    from drafter_service.service_asker import ServiceAsker
     from specd import stop_signals
 
     stop_signals.die_with_parent(signal.SIGKILL, parent_pid)  # nothing of its state outlives the engine
-    client = DrafterClient(target, timeout_s=timeout_s, tls=tls)
+    # The own answer must not wait out the default 5 ms switch interval behind a gRPC thread building a message.
+    sys.setswitchinterval(0.0002)
+    sender = _Sender(conn)
+    own = LocalProposer(DrafterConfig(memory_scope="off"))  # the memory is the service's, shared by every verifier
+    asker = ServiceAsker(target, timeout_s, tls, sender.send)
     contexts: dict[str, list[int]] = {}
     try:
-        while True:
-            messages = [conn.recv()]
-            while conn.poll():  # everything the engine sent meanwhile: only the newest step is asked
-                messages.append(conn.recv())
-            steps = []
-            for message in messages:
-                if message[0] == "close":
-                    return
-                if message[0] == "release":
-                    for request_id in message[1]:
-                        contexts.pop(request_id, None)
-                    client.release(message[1])
-                else:
-                    steps.append((message[1], _requests(contexts, message[2])))
-            for step_id, _ in steps[:-1]:
-                conn.send((step_id, _FELL_BACK))
-            if steps:
-                step_id, requests = steps[-1]
-                fallbacks = client.num_fallbacks
-                drafts = client.propose(requests)
-                conn.send((step_id, drafts if client.num_fallbacks == fallbacks else _FELL_BACK))
+        while (message := conn.recv())[0] != "close":
+            if message[0] == "release":
+                for request_id in message[1]:
+                    contexts.pop(request_id, None)
+                own.release(message[1])
+                asker.release(message[1])
+                continue
+            step_id, requests = message[1], _requests(contexts, message[2])
+            drafts = {request_id: tokens for request_id, tokens in own.propose(requests).items() if tokens}
+            wanted = any(r.draft_limit > 0 for r in requests)
+            if wanted:
+                sender.send((step_id, _CONTEXT, drafts))
+            asker.ask(step_id, requests, drafts if wanted else None)
     except (EOFError, OSError):
         return  # the engine is gone
     finally:
-        client.close()
+        asker.close()
+
+
+class _Sender:
+    """The link's end of the pipe, shared by its two threads."""
+
+    def __init__(self, conn) -> None:
+        self._conn, self._lock = conn, threading.Lock()
+
+    def send(self, message) -> None:
+        with self._lock:
+            self._conn.send(message)
 
 
 def _requests(contexts: dict[str, list[int]], rows) -> list[DraftRequest]:

@@ -6,8 +6,8 @@ engine process (spawn: CUDA is only ever initialised there), and the two exchang
 
     serving -> engine   ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
     engine -> serving   ("ready", ModelLimits) | ("startup_error", line) | ("failed", message) once, then per step
-                        ("step", outputs, step_stats, load, num_added, drafter_fallbacks) (outputs as columns:
-                        step_message.py),
+                        ("step", outputs, step_stats, load, num_added, drafter_counts) (outputs as columns:
+                        step_message.py; drafter_counts: the proposer's running fallback and context-draft totals),
                         ("load", load, num_added) after additions or aborts between steps,
                         ("rank_failure", reason) when a tensor-parallel rank dies or hangs
 
@@ -122,10 +122,10 @@ class EngineClient:
                 break
             kind = message[0]
             if kind == "step":
-                _, packed, steps, load, num_added, fallbacks = message
+                _, packed, steps, load, num_added, drafter_counts = message
                 self._loaded(load, num_added)
                 self._router.deliver(step_message.unpack(packed))
-                self._exporter.export(steps, load, fallbacks)
+                self._exporter.export(steps, load, *drafter_counts)
             elif kind == "load":
                 self._loaded(*message[1:])
             elif kind == "rank_failure":
@@ -204,13 +204,14 @@ def _load(config, send):
     warm_up(engine)
     freeze_start_up_objects()
     logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
-    fallbacks = lambda: getattr(drafter, "num_fallbacks", 0)  # noqa: E731 - only the service's client falls back
+    def drafter_counts() -> tuple[int, int]:  # only the service's client falls back; only its link drafts itself
+        return getattr(drafter, "num_fallbacks", 0), getattr(drafter, "num_context_drafts", 0)
     step_items: list = []
 
     def after_step() -> None:
         packed = step_message.pack(step_items)  # new lists: the step's items can go
         step_items.clear()
-        send(("step", packed, engine.take_step_stats(), engine_loop.load, engine_loop.num_added, fallbacks()))
+        send(("step", packed, engine.take_step_stats(), engine_loop.load, engine_loop.num_added, drafter_counts()))
 
     engine_loop = EngineLoop(engine, after_step=after_step, emit=step_items.extend)
     engine_loop.limits = ModelLimits(name=resolve_model_path(config.engine.model).name,

@@ -1,9 +1,9 @@
 """The verifier's Prometheus metrics (docs/OPERATIONS.md, Observability), filled by an exporter that reads stats objects.
 
-The engine only counts (its stats objects); the drafter client only counts its fallbacks. The engine process sends
-them to the serving process with each step's outputs (engine_process.py), where `VerifierMetricsExporter.export()`
-turns them into counter increments and histogram observations, and the load into gauges: nothing here runs on the
-engine's thread, let alone inside the step.
+The engine only counts (its stats objects); the drafter client only counts its fallbacks (and its link the steps it
+drafted itself). The engine process sends them to the serving process with each step's outputs (engine_process.py),
+where `VerifierMetricsExporter.export()` turns them into counter increments and histogram observations, and the
+load into gauges: nothing here runs on the engine's thread, let alone inside the step.
 """
 from __future__ import annotations
 
@@ -66,7 +66,13 @@ class VerifierMetrics:
         self.kv_cache_usage_ratio = gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).")
         self.num_preemptions = counter("num_preemptions", "Requests preempted to free KV blocks.")
         self.drafter_fallbacks = counter("drafter_fallbacks",
-                                         "Steps decoded without drafts because the drafter failed or was late.")
+                                         "Steps decoded without the drafter's drafts because it failed or was late "
+                                         "(specd_drafter_context_drafts_total of them drafted from the requests' "
+                                         "own contexts instead).")
+        self.drafter_context_drafts = counter("drafter_context_drafts",
+                                              "Steps the drafter's answer missed that the verifier drafted from the "
+                                              "requests' own contexts instead (its drafter link's copy of them; "
+                                              "no memory of earlier outputs).")
         self.steps_scheduled_ahead = counter("steps_scheduled_ahead",
                                              "Steps that launched the next step before their own tokens reached "
                                              "the host (async scheduling).")
@@ -84,17 +90,20 @@ class VerifierMetricsExporter:
     def __init__(self, metrics: VerifierMetrics, interval_log: SpecDecodeIntervalLog | None = None,
                  stall_log: StepStallLog | None = None) -> None:
         self._metrics = metrics
-        self._exported_fallbacks = 0
+        self._exported = [0, 0]  # the drafter counts exported so far: fallbacks, context drafts
         self._interval_log = interval_log if interval_log is not None else SpecDecodeIntervalLog()
         self._stall_log = stall_log if stall_log is not None else StepStallLog()
 
-    def export(self, steps: list, load, fallbacks: int) -> None:
-        """The steps' stats since the last call, the load now, and the drafter client's running fallback total."""
+    def export(self, steps: list, load, fallbacks: int, context_drafts: int = 0) -> None:
+        """The steps' stats since the last call, the load now, and the proposer's running totals of fallbacks and of
+        steps drafted from the link's own contexts."""
         for step in steps:
             self._export_step(step)
-        if fallbacks > self._exported_fallbacks:
-            self._metrics.drafter_fallbacks.inc(fallbacks - self._exported_fallbacks)
-            self._exported_fallbacks = fallbacks
+        counters = (self._metrics.drafter_fallbacks, self._metrics.drafter_context_drafts)
+        for index, (counter, total) in enumerate(zip(counters, (fallbacks, context_drafts))):
+            if total > self._exported[index]:
+                counter.inc(total - self._exported[index])
+                self._exported[index] = total
         self._export_load(load)
 
     def _export_step(self, step) -> None:

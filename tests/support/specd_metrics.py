@@ -17,6 +17,7 @@ VERIFIER_FAMILIES = {
     "specd_kv_cache_usage_ratio": "gauge",
     "specd_num_preemptions": "counter",
     "specd_drafter_fallbacks": "counter",
+    "specd_drafter_context_drafts": "counter",  # beyond docs/PUBLIC_SURFACE.md's list: the link's own drafts
     "specd_steps_scheduled_ahead": "counter",  # beyond docs/PUBLIC_SURFACE.md: async scheduling
     "specd_forward_passes": "counter",  # beyond docs/PUBLIC_SURFACE.md: label path (graph | eager)
 }

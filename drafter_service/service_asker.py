@@ -1,0 +1,83 @@
+"""The drafter link's second thread: asks the drafter service each newest step and sends its answer down the pipe.
+
+The link process (link.py) answers every step from its own copy of the contexts first; this thread then sends what
+the service answered differently (its memory's drafts), or FELL_BACK where the service failed, was late, or a newer
+step came in before this one was asked.
+"""
+from __future__ import annotations
+
+import threading
+
+from drafter_service.batch import DraftRequest
+from specd.serving import TlsConfig
+
+SERVICE = "service"  # an answer from the drafter service
+FELL_BACK = None  # the service's answer for a step it did not answer in time
+
+
+def differences(context: dict[str, list[int]], service: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The entries of `service` that differ from `context` ([] where only the context drafted): what the pipe carries."""
+    changed = {request_id: tokens for request_id, tokens in service.items() if context.get(request_id) != tokens}
+    changed.update((request_id, []) for request_id in context if request_id not in service)
+    return changed
+
+
+class ServiceAsker:
+    """Asks the drafter service on a thread of its own, the newest step only, and sends its answers down the pipe.
+
+    The client (its deltas, its releases) is used from this thread alone; work is done in the order it came, except
+    that a step still waiting when a newer one comes is dropped, answered with FELL_BACK."""
+
+    def __init__(self, target: str, timeout_s: float, tls: TlsConfig | None, send) -> None:
+        from drafter_service.client import DrafterClient
+
+        self._client, self._send = DrafterClient(target, timeout_s=timeout_s, tls=tls), send
+        self._work: list[tuple] = []
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="drafter-asker", daemon=True)
+        self._thread.start()
+
+    def ask(self, step_id: int, requests: list[DraftRequest], context: dict[str, list[int]] | None) -> None:
+        """Queue a step; `context` is the link's own answer to it (None: nobody wants drafts, so none is sent)."""
+        with self._ready:
+            for item in [item for item in self._work if item[0] == "step"]:
+                self._work.remove(item)
+                if item[3] is not None:
+                    self._send((item[1], SERVICE, FELL_BACK))
+            self._work.append(("step", step_id, requests, context))
+            self._ready.notify()
+
+    def release(self, request_ids: list[str]) -> None:
+        self._put(("release", request_ids))
+
+    def close(self) -> None:
+        self._put(("close",))
+        self._thread.join(timeout=5)
+
+    def _put(self, item: tuple) -> None:
+        with self._ready:
+            self._work.append(item)
+            self._ready.notify()
+
+    def _run(self) -> None:
+        client = self._client
+        try:
+            while True:
+                with self._ready:
+                    self._ready.wait_for(lambda: self._work)
+                    item = self._work.pop(0)
+                if item[0] == "close":
+                    return
+                if item[0] == "release":
+                    client.release(item[1])
+                    continue
+                _, step_id, requests, context = item
+                fallbacks = client.num_fallbacks
+                drafts = client.propose(requests)
+                if context is not None:
+                    answered = client.num_fallbacks == fallbacks
+                    self._send((step_id, SERVICE, differences(context, drafts) if answered else FELL_BACK))
+        except (EOFError, OSError):
+            return  # the engine is gone
+        finally:
+            client.close()
