@@ -55,7 +55,7 @@ def validate(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) ->
     """The validated, tokenized request; raises RequestError naming the first bad field.
 
     Tokenizing may take a while (up to a context's worth of text): callers on an event loop run this
-    on a worker thread."""
+    on a worker thread, unless `text_chars` is small."""
     _check_text_size(fields, tokenizer, max_model_len)
     stop = tuple(fields.stop or ())
     _require(all(isinstance(s, str) and s for s in stop), "stop", "must be non-empty strings")
@@ -133,12 +133,23 @@ def _prompt_field(fields: RequestFields) -> str:
     return fields.name("prompt_token_ids") if fields.prompt_token_ids else "prompt"
 
 
-def _check_text_size(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> None:
-    """Text that cannot fit the context whatever its tokens is refused before it is tokenized: no token
-    covers more than `max_token_chars` characters or `max_token_bytes` UTF-8 bytes."""
+def text_chars(fields: RequestFields) -> int:
+    """How many characters of text the request brings to tokenize (its prompt, its messages' strings)."""
+    return sum(len(text) for text, _ in _texts(fields))
+
+
+def _texts(fields: RequestFields) -> list[tuple[str, str]]:
+    """The request's text, each with the field it came in."""
     texts = [(fields.prompt, "prompt")] if fields.prompt is not None else []
     for index, message in enumerate(fields.messages or ()):
         texts += [(value, f"messages[{index}].{key}") for key, value in message.items() if isinstance(value, str)]
+    return texts
+
+
+def _check_text_size(fields: RequestFields, tokenizer: Tokenizer, max_model_len: int) -> None:
+    """Text that cannot fit the context whatever its tokens is refused before it is tokenized: no token
+    covers more than `max_token_chars` characters or `max_token_bytes` UTF-8 bytes."""
+    texts = _texts(fields)
     size = _size(texts)
     limit = (tokenizer.max_token_chars * max_model_len, tokenizer.max_token_bytes * max_model_len)
     _require(size[0] <= limit[0] and size[1] <= limit[1], _prompt_field(fields),

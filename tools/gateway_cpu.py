@@ -188,7 +188,8 @@ def main() -> None:
         tokens = sum(r.completion_tokens for r in records)
         print(f"clients {CLIENTS}, step {STEP_S * 1e3:.1f} ms: {tokens} tokens, {sum(r.events for r in records)} "
               f"events, {sum(1 for r in records if r.error)} errors, {wall:.1f} s, {tokens / wall:,.0f} tok/s, "
-              f"gateway CPU {spent / tokens * 1e6:.0f} us/token ({spent / wall:.0%} of a core)")
+              f"gateway CPU {spent / tokens * 1e6:.0f} us/token ({spent / wall:.0%} of a core), "
+              f"TTFT p50 {sorted(r.ttft for r in records)[len(records) // 2] * 1e3:.2f} ms")
     finally:
         gateway.terminate()
         if isinstance(gateway, subprocess.Popen):

@@ -6,6 +6,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from gateway.pipeline import INLINE_TEXT_CHARS
 from specd.serving import open_channel
 from specd.v1 import gateway_pb2, gateway_pb2_grpc
 from support.gateway_stack import MAX_MODEL_LEN, REPLY, start_gateway_stack
@@ -119,20 +120,23 @@ async def test_a_client_deadline_reaches_the_verifier(stub, stack):
     assert 3.0 < stack.verifier.time_remaining[-1] < 4.5
 
 
-async def generate_with_timeout(stub, timeout):
-    return [m async for m in stub.Generate(gateway_pb2.GenerateRequest(prompt="x"), timeout=timeout)]
+async def generate_with_timeout(stub, timeout, prompt="x"):
+    return [m async for m in stub.Generate(gateway_pb2.GenerateRequest(prompt=prompt), timeout=timeout)]
+
+
+LONG_PROMPT = "word " * (INLINE_TEXT_CHARS // 4)  # tokenized on a worker thread, not on the event loop
 
 
 async def test_a_deadline_that_passes_while_the_prompt_is_tokenized_is_counted(stub, stack):
-    """Tokenizing runs on the event loop's worker threads. When they are all busy (a loaded gateway), the deadline
-    can pass before the request reaches the verifier: that is still a deadline error, counted as one (it went
+    """A long prompt is tokenized on the event loop's worker threads. When they are all busy (a loaded gateway), the
+    deadline can pass before the request reaches the verifier: that is still a deadline error, counted as one (it went
     uncounted, and tests/e2e/test_cancel_and_deadline.py failed now and then on a loaded CI machine)."""
     loop, release = asyncio.get_running_loop(), threading.Event()
     busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than the default pool's threads
     before = stack.errors_counted("DEADLINE_EXCEEDED")
     try:
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await generate_with_timeout(stub, timeout=0.3)
+            await generate_with_timeout(stub, timeout=0.3, prompt=LONG_PROMPT)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     finally:
         release.set()
@@ -142,6 +146,19 @@ async def test_a_deadline_that_passes_while_the_prompt_is_tokenized_is_counted(s
             break
         await asyncio.sleep(0.02)
     assert stack.errors_counted("DEADLINE_EXCEEDED") == before + 1
+
+
+async def test_a_short_prompt_is_tokenized_on_the_event_loop_without_waiting_for_a_worker_thread(stub):
+    """A short prompt costs less to tokenize than the hop to a worker thread and back, so it takes none: with every
+    worker thread busy it is still answered."""
+    loop, release = asyncio.get_running_loop(), threading.Event()
+    busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than the default pool's threads
+    try:
+        messages = await generate_with_timeout(stub, timeout=5, prompt="x")
+        assert messages[-1].finish_reason
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
 
 
 async def test_with_an_api_key_calls_need_the_bearer_token(tokenizer):
