@@ -8,11 +8,11 @@ message per step (each context's new tokens since the last) and reads the replie
 
 The link process answers each step twice. First at once, from its own copy of the contexts: the drafter's rule over
 each request's own context (drafter_service/local.py, no memory), a pipe hop away. Then with the drafter service's
-answer, as the entries where it differs (its memory of earlier outputs), or None where it failed, was late, or a
-newer step came in meanwhile (the service is asked only the newest step, so a slow drafter never builds a queue).
-A GPU step of a small model takes under a millisecond, about what the service's round trip takes
-(through two processes and gRPC): the service's answer missed 26-63% of the steps at one client (round 31). The
-own answer is there in time, so a late or dead drafter service costs the memory's drafts, not the context's.
+answer, as the entries where it differs (its memory of earlier outputs), or None where it failed or was past its
+deadline; not at all once a newer step has been asked (service_asker.py). A GPU step of a small model takes under a
+millisecond, about what the service's round trip takes (through two processes and gRPC): the service's answer
+missed 26-63% of the steps at one client (round 31). The own answer is there in time, so a late or dead drafter
+service costs the memory's drafts, not the context's.
 
 `DrafterLink` is a Proposer (verifier_service/engine/proposer.py) with `begin_propose`, like the client. A link
 process that dies costs drafts, never a request: the engine decodes without them while a new one starts.

@@ -1,8 +1,11 @@
 """The drafter link's second thread: asks the drafter service each newest step and sends its answer down the pipe.
 
 The link process (link.py) answers every step from its own copy of the contexts first; this thread then sends what
-the service answered differently (its memory's drafts), or FELL_BACK where the service failed, was late, or a newer
-step came in before this one was asked.
+the service answered differently (its memory's drafts), or FELL_BACK where the service failed or was past its
+deadline. Nothing is sent for a step once a newer one has been asked: the engine asks a step only after it has
+collected the one before, so such an answer would only be read to be dropped. For the same reason a step still
+waiting to be asked when a newer one comes is dropped: the service is asked the newest step only, and a slow
+service builds no queue.
 """
 from __future__ import annotations
 
@@ -26,13 +29,14 @@ class ServiceAsker:
     """Asks the drafter service on a thread of its own, the newest step only, and sends its answers down the pipe.
 
     The client (its deltas, its releases) is used from this thread alone; work is done in the order it came, except
-    that a step still waiting when a newer one comes is dropped, answered with FELL_BACK."""
+    that a step still waiting when a newer one comes is dropped."""
 
     def __init__(self, target: str, timeout_s: float, tls: TlsConfig | None, send) -> None:
         from drafter_service.client import DrafterClient
 
         self._client, self._send = DrafterClient(target, timeout_s=timeout_s, tls=tls), send
         self._work: list[tuple] = []
+        self._newest = 0  # the newest step asked: the engine has collected every step before it
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="drafter-asker", daemon=True)
         self._thread.start()
@@ -40,10 +44,8 @@ class ServiceAsker:
     def ask(self, step_id: int, requests: list[DraftRequest], context: dict[str, list[int]] | None) -> None:
         """Queue a step; `context` is the link's own answer to it (None: nobody wants drafts, so none is sent)."""
         with self._ready:
-            for item in [item for item in self._work if item[0] == "step"]:
-                self._work.remove(item)
-                if item[3] is not None:
-                    self._send((item[1], SERVICE, FELL_BACK))
+            self._newest = step_id
+            self._work = [item for item in self._work if item[0] != "step"]  # the engine has collected those
             self._work.append(("step", step_id, requests, context))
             self._ready.notify()
 
@@ -74,7 +76,7 @@ class ServiceAsker:
                 _, step_id, requests, context = item
                 fallbacks = client.num_fallbacks
                 drafts = client.propose(requests)
-                if context is not None:
+                if context is not None and step_id == self._newest:  # an older step's answer would be read in vain
                     answered = client.num_fallbacks == fallbacks
                     self._send((step_id, SERVICE, differences(context, drafts) if answered else FELL_BACK))
         except (EOFError, OSError):
