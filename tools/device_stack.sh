@@ -12,9 +12,10 @@
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
 #           beside its engine alone and Hugging Face at batch 1
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
+# ab      : this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64) clients, k = 0 and 4
 # policy  : the real weights, --draft-policy goodput at 1 / 16 / 64 clients (k = 0, 4), then batch-size at 16 / 64 (k = 4)
-# spec    : the real weights, 1 and 16 clients (SPEC_CLIENTS), speculation off and on: this tree (with its engine alone;
-#           SPEC_ARGS: more of its arguments, e.g. --hf 4), then .device/old (stack only)
+# spec    : the real weights, 1 and 16 clients (SPEC_CLIENTS), speculation off and on (SPEC_KS): this tree (with its
+#           engine alone; SPEC_ARGS: more of its arguments, e.g. --hf 4), then .device/old (stack only)
 # old     : the same stack runs for the code in .device/old (the commit measured against), stack only
 # real    : the default model's real weights (its GGUF joined from .device/gguf.part1, kept from the call before,
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
@@ -105,14 +106,25 @@ for part in "$@"; do
       LIMIT=230 stack . policy_goodput --clients 1 16 64 --ks 0 4 --num-requests 128 --no-engine
       LIMIT=150 stack . policy_batch_size --clients 16 64 --ks 4 --num-requests 128 --no-engine --port-offset 900 \
         -- --draft-policy batch-size ;;
-    spec)  # SPEC_CLIENTS: client counts (1 16); SPEC_ARGS: more of this tree's bench.stack arguments (--hf 4)
-      default_model || continue
+    spec)  # SPEC_CLIENTS (1 16), SPEC_KS (0 4: this tree's; .device/old runs 0 4), SPEC_REQUESTS (128), SPEC_BATCH1 (24)
+      default_model || continue  # SPEC_ARGS: more of this tree's bench.stack arguments (--hf 4)
+      requests="--num-requests ${SPEC_REQUESTS:-128} --batch1-requests ${SPEC_BATCH1:-24}"
       # shellcheck disable=SC2086
-      LIMIT=${SPEC_LIMIT:-230} stack . spec_new --clients ${SPEC_CLIENTS:-1 16} --ks 0 4 --num-requests 128 \
-        --batch1-requests 24 ${SPEC_ARGS:-}
+      LIMIT=${SPEC_LIMIT:-230} stack . spec_new --clients ${SPEC_CLIENTS:-1 16} --ks ${SPEC_KS:-0 4} $requests \
+        ${SPEC_ARGS:-}
       # shellcheck disable=SC2086
-      LIMIT=120 stack .device/old spec_old --clients ${SPEC_CLIENTS:-1 16} --ks 0 4 --num-requests 128 \
-        --batch1-requests 24 --no-engine --port-offset 900 ;;
+      LIMIT=150 stack .device/old spec_old --clients ${SPEC_CLIENTS:-1 16} --ks 0 4 $requests --no-engine \
+        --port-offset 900 ;;
+    ab)  # this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64), k = 0 and 4, stack
+      default_model || continue  # only (the engine alone once, first, beside this tree's first run)
+      requests="--num-requests ${SPEC_REQUESTS:-256} --batch1-requests ${SPEC_BATCH1:-48} --ks 0 4"
+      # shellcheck disable=SC2086
+      for round in 1 2; do
+        engine=--no-engine; [ "$round" = 1 ] && engine=
+        TAIL=8 LIMIT=200 stack . "ab_new$round" --clients ${AB_CLIENTS:-1 16 64} $requests $engine
+        TAIL=8 LIMIT=150 stack .device/old "ab_old$round" --clients ${AB_CLIENTS:-1 16 64} $requests --no-engine \
+          --port-offset 900
+      done ;;
     model) default_model ;;
     stack_new|stack_old)
       default_model || continue
