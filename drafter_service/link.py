@@ -6,14 +6,13 @@ waits behind them: at one client the stack drafted at 0.93x its speed without dr
 drafter's rule in process at 1.37x (docs/BENCHMARKS.md, round 22). Here the engine thread only writes one pipe
 message per step (each context's new tokens since the last) and reads the replies already there.
 
-The link process also drafts each step itself, from its own copy of the contexts: the drafter's rule over each
-request's own context (drafter_service/local.py, no memory). It gives the drafter service half a step to answer
-(StepClock) and sends the service's drafts if they came, else its own at once, followed by the entries where the
-service's differ (its memory of earlier outputs) should they come before the next step is asked (service_asker.py
-has the messages). A GPU step of a small model takes under a millisecond, about what the service's round trip takes
-(through two processes and gRPC): the service's answer missed 26-63% of the steps at one client (round 31), and each
-such step decoded without drafts. The own answer is there in time, so a late or dead drafter service costs the
-memory's drafts, not the context's.
+The link process answers each step twice. First at once, from its own copy of the contexts: the drafter's rule over
+each request's own context (drafter_service/local.py, no memory), a pipe hop away. Then with the drafter service's
+answer, as the entries where it differs (its memory of earlier outputs), or None where it failed or was past its
+deadline; not at all once a newer step has been asked (service_asker.py). A GPU step of a small model takes under a
+millisecond, about what the service's round trip takes (through two processes and gRPC): the service's answer
+missed 26-63% of the steps at one client (round 31). The own answer is there in time, so a late or dead drafter
+service costs the memory's drafts, not the context's.
 
 `DrafterLink` is a Proposer (verifier_service/engine/proposer.py) with `begin_propose`, like the client. A link
 process that dies costs drafts, never a request: the engine decodes without them while a new one starts.
@@ -34,6 +33,9 @@ from drafter_service.batch import DraftRequest
 from specd.serving import TlsConfig
 
 logger = logging.getLogger(__name__)
+
+_CONTEXT = "context"  # an answer from the link's own copy of the contexts (the service's: service_asker.SERVICE)
+
 
 @dataclass
 class _StepAnswers:
@@ -121,12 +123,12 @@ class DrafterLink:
             while not self._answers.get(step_id, _NOTHING_YET).service_done:
                 if not self._conn.poll(max(deadline - time.monotonic(), 0.0)):
                     break
-                answered_id, context, service, done = self._conn.recv()  # service_asker.py: the answers' forms
+                answered_id, source, drafts = self._conn.recv()
                 answers = self._answers.setdefault(answered_id, _StepAnswers())
-                if context is not None:
-                    answers.context = context
-                if done:
-                    answers.service, answers.service_done = service, True
+                if source == _CONTEXT:
+                    answers.context = drafts
+                else:
+                    answers.service, answers.service_done = drafts, True
         except (EOFError, OSError):
             self._lost("its pipe closed")
         answers = self._answers.pop(step_id, _StepAnswers())
@@ -197,8 +199,8 @@ def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) ->
 
 
 def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int) -> None:
-    """The link process: applies the engine's messages and answers each step with the service's drafts or its own
-    (`ServiceAsker`)."""
+    """The link process: applies the engine's messages, answers each step from its own copy of the contexts at
+    once, and again with the service's drafts (`ServiceAsker`)."""
     from drafter_service.config import DrafterConfig
     from drafter_service.local import LocalProposer
     from drafter_service.service_asker import ServiceAsker
@@ -210,7 +212,7 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
     sender = _Sender(conn)
     own = LocalProposer(DrafterConfig(memory_scope="off"))  # the memory is the service's, shared by every verifier
     asker = ServiceAsker(target, timeout_s, tls, sender.send)
-    steps, contexts = StepClock(timeout_s), {}
+    contexts: dict[str, list[int]] = {}
     try:
         while (message := conn.recv())[0] != "close":
             if message[0] == "release":
@@ -220,39 +222,15 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
                 asker.release(message[1])
                 continue
             step_id, requests = message[1], _requests(contexts, message[2])
-            window = steps.arrived()
             drafts = {request_id: tokens for request_id, tokens in own.propose(requests).items() if tokens}
-            if not any(r.draft_limit > 0 for r in requests):
-                asker.ask(step_id, requests, None)
-                continue
-            asker.ask(step_id, requests, drafts)
-            asker.answer_within(step_id, window, drafts)
+            wanted = any(r.draft_limit > 0 for r in requests)
+            if wanted:
+                sender.send((step_id, _CONTEXT, drafts))
+            asker.ask(step_id, requests, drafts if wanted else None)
     except (EOFError, OSError):
         return  # the engine is gone
     finally:
         asker.close()
-
-
-class StepClock:
-    """How long the link may wait for the service before it sends its own answer: half the engine's recent step
-    interval (the time between two steps' questions), so that its answer still comes well before the engine collects
-    it, one step after asking."""
-
-    def __init__(self, timeout_s: float, keep: int = 16) -> None:
-        self._timeout_s, self._keep = timeout_s, keep
-        self._intervals: list[float] = []
-        self._last = 0.0
-
-    def arrived(self) -> float:
-        """A step's question came now: the wait allowed for the service's answer to it (0 until steps are known)."""
-        now = time.monotonic()
-        if self._last:
-            self._intervals = (self._intervals + [now - self._last])[-self._keep:]
-        self._last = now
-        if len(self._intervals) < 4:
-            return 0.0
-        median = sorted(self._intervals)[len(self._intervals) // 2]  # an idle gap between requests is an outlier
-        return min(median / 2, self._timeout_s)
 
 
 class _Sender:

@@ -1,17 +1,11 @@
-"""The drafter link's second thread: asks the drafter service each newest step, for the link process (link.py).
+"""The drafter link's second thread: asks the drafter service each newest step and sends its answer down the pipe.
 
-The engine reads one pipe message per step where it can (each costs its thread a poll and two reads). The link waits
-for the service's answer up to a window (link.py's StepClock: half a step) and then sends one of:
-
-    (step_id, {}, drafts, True)       the service's drafts, in the window
-    (step_id, own, None, True)        the link's own drafts; the service failed (or was past its deadline) in it
-    (step_id, own, None, False)       the link's own drafts; the service's answer may follow as
-    (step_id, None, changed, True)    the entries where the service's drafts differ from the own ([] = none), or
-    (step_id, None, None, True)       the service failed, or was past its deadline
-
-Nothing follows for a step once a newer one has been asked: the engine asks a step only after it has collected the
-one before, so such an answer would only be read to be dropped. For the same reason a step still waiting to be asked
-when a newer one comes is dropped: the service is asked the newest step only, and a slow service builds no queue.
+The link process (link.py) answers every step from its own copy of the contexts first; this thread then sends what
+the service answered differently (its memory's drafts), or FELL_BACK where the service failed or was past its
+deadline. Nothing is sent for a step once a newer one has been asked: the engine asks a step only after it has
+collected the one before, so such an answer would only be read to be dropped. For the same reason a step still
+waiting to be asked when a newer one comes is dropped: the service is asked the newest step only, and a slow
+service builds no queue.
 """
 from __future__ import annotations
 
@@ -20,7 +14,8 @@ import threading
 from drafter_service.batch import DraftRequest
 from specd.serving import TlsConfig
 
-_NOT_YET = object()  # no answer from the service for the step in the window (yet)
+SERVICE = "service"  # an answer from the drafter service
+FELL_BACK = None  # the service's answer for a step it did not answer in time
 
 
 def differences(context: dict[str, list[int]], service: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -31,7 +26,7 @@ def differences(context: dict[str, list[int]], service: dict[str, list[int]]) ->
 
 
 class ServiceAsker:
-    """Asks the drafter service on a thread of its own, the newest step only, and sends its late answers down the pipe.
+    """Asks the drafter service on a thread of its own, the newest step only, and sends its answers down the pipe.
 
     The client (its deltas, its releases) is used from this thread alone; work is done in the order it came, except
     that a step still waiting when a newer one comes is dropped."""
@@ -42,8 +37,6 @@ class ServiceAsker:
         self._client, self._send = DrafterClient(target, timeout_s=timeout_s, tls=tls), send
         self._work: list[tuple] = []
         self._newest = 0  # the newest step asked: the engine has collected every step before it
-        self._waited_for = 0  # the step whose answer the link's main thread waits for (0: none)
-        self._answer = _NOT_YET  # the service's drafts for it (None: it failed)
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="drafter-asker", daemon=True)
         self._thread.start()
@@ -54,21 +47,7 @@ class ServiceAsker:
             self._newest = step_id
             self._work = [item for item in self._work if item[0] != "step"]  # the engine has collected those
             self._work.append(("step", step_id, requests, context))
-            if context is not None:
-                self._waited_for, self._answer = step_id, _NOT_YET
-            self._ready.notify_all()
-
-    def answer_within(self, step_id: int, window_s: float, context: dict[str, list[int]]) -> None:
-        """Sends the asked step's answer: the service's drafts if they come within `window_s`, else the link's own
-        (`context`); from then on, a late answer of the service is this thread's to send (after this one: the
-        message goes while the lock is held, which the thread must take to learn that the wait is over)."""
-        with self._ready:
-            self._ready.wait_for(lambda: self._answer is not _NOT_YET, timeout=window_s)
-            answer, self._waited_for, self._answer = self._answer, 0, _NOT_YET
-            if answer is _NOT_YET:
-                self._send((step_id, context, None, False))
-            else:
-                self._send((step_id, context, None, True) if answer is None else (step_id, {}, answer, True))
+            self._ready.notify()
 
     def release(self, request_ids: list[str]) -> None:
         self._put(("release", request_ids))
@@ -80,7 +59,7 @@ class ServiceAsker:
     def _put(self, item: tuple) -> None:
         with self._ready:
             self._work.append(item)
-            self._ready.notify_all()
+            self._ready.notify()
 
     def _run(self) -> None:
         client = self._client
@@ -97,20 +76,10 @@ class ServiceAsker:
                 _, step_id, requests, context = item
                 fallbacks = client.num_fallbacks
                 drafts = client.propose(requests)
-                if context is not None:
-                    self._answered(step_id, context, drafts if client.num_fallbacks == fallbacks else None)
+                if context is not None and step_id == self._newest:  # an older step's answer would be read in vain
+                    answered = client.num_fallbacks == fallbacks
+                    self._send((step_id, SERVICE, differences(context, drafts) if answered else FELL_BACK))
         except (EOFError, OSError):
             return  # the engine is gone
         finally:
             client.close()
-
-    def _answered(self, step_id: int, context: dict[str, list[int]], drafts: dict[str, list[int]] | None) -> None:
-        """Hands the service's answer to the waiting main thread, or sends it late (if no newer step was asked)."""
-        with self._ready:
-            if self._waited_for == step_id:
-                self._answer = drafts
-                self._ready.notify_all()
-                return
-            late = step_id == self._newest
-        if late:
-            self._send((step_id, None, None if drafts is None else differences(context, drafts), True))

@@ -1,0 +1,81 @@
+"""The drafter link under the engine's rhythm, without a model: where each step's drafts come from, and what
+collecting them costs the engine thread.
+
+    PYTHONPATH=TREE python tools/link_rhythm.py [--steps 400] [--step-ms 0.8,2] [--batches 1,16,64]
+
+A drafter service in its own process (bench/drafter.py's), the tree's DrafterLink in front of it, and a loop that
+does what an engine scheduling ahead does (verifier_service/engine/engine.py): ask for step n + 1's drafts, let the
+step in flight run (a sleep of --step-ms), then collect step n + 1's answer without waiting. The contexts are
+bench/drafter.py's Workload (copies of earlier spans, 1-4 accepted tokens a step). It prints, per step time and
+batch: the share of steps that got the service's drafts, the link's own (trees without them: 0), none; and the
+engine thread's microseconds per step in begin_propose and in the collection. Run it for two trees (PYTHONPATH)
+to compare them on one machine.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from bench.drafter import Workload, start_drafter
+from bench.local_stack import free_port
+from drafter_service.batch import DraftRequest
+from drafter_service.link import DrafterLink
+
+
+def rhythm(link: DrafterLink, workload: Workload, steps: int, step_s: float, prefix: str) -> dict:
+    """The engine's loop: ask ahead, run the step in flight, collect without waiting."""
+    def ask():
+        requests = [DraftRequest(f"{prefix}{i}", tokens, 4) for i, tokens in enumerate(workload.contexts)]
+        started = time.perf_counter()
+        pending = link.begin_propose(requests)
+        return pending, time.perf_counter() - started
+
+    pending, _ = ask()
+    begin_s, collect_s = [], []
+    before = link.num_fallbacks, getattr(link, "num_context_drafts", 0)
+    for _ in range(steps):
+        time.sleep(step_s)  # the step in flight
+        started = time.perf_counter()
+        pending.result(wait=False)
+        collect_s.append(time.perf_counter() - started)
+        workload.grow()
+        pending, asked = ask()
+        begin_s.append(asked)
+    pending.result(wait=False)
+    missed = link.num_fallbacks - before[0]
+    own = getattr(link, "num_context_drafts", 0) - before[1]
+    link.release([f"{prefix}{i}" for i in range(len(workload.contexts))])
+    return {"service": 1 - missed / steps, "own": own / steps, "none": (missed - own) / steps,
+            "begin_us": 1e6 * statistics.mean(begin_s), "collect_us": 1e6 * statistics.mean(collect_s)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--step-ms", default="0.8,2")
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--context", type=int, default=512)
+    args = parser.parse_args()
+    port = free_port()
+    drafter = start_drafter(port, "native", "evidence")
+    link = DrafterLink(f"127.0.0.1:{port}", timeout_s=0.005)
+    try:
+        warm = Workload(1, args.context, random.Random(1))
+        while rhythm(link, warm, 20, 0.002, "warm-")["service"] < 0.5:  # the link process starts, its stream opens
+            time.sleep(0.1)
+        print(f"{'step ms':>8}{'batch':>6}{'service':>9}{'own':>6}{'none':>6}{'begin us':>10}{'collect us':>11}")
+        for step_ms in (float(s) for s in args.step_ms.split(",")):
+            for batch in (int(b) for b in args.batches.split(",")):
+                workload = Workload(batch, args.context, random.Random(batch))
+                row = rhythm(link, workload, args.steps, step_ms / 1000, f"{step_ms}-{batch}-")
+                print(f"{step_ms:>8}{batch:>6}{row['service']:>9.2f}{row['own']:>6.2f}{row['none']:>6.2f}"
+                      f"{row['begin_us']:>10.0f}{row['collect_us']:>11.0f}", flush=True)
+    finally:
+        link.close()
+        drafter.terminate()
+
+
+if __name__ == "__main__":
+    main()
