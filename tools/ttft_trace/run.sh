@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a first token's time goes: the stack with hooks.patch applied (timestamps at twelve points of a request's
+# Where a first token's time goes: the stack with hooks.patch applied (timestamps at fourteen points of a request's
 # path, CLOCK_MONOTONIC, which every process shares) in a copy of this tree, 40 instruction prompts sent one at a
 # time as streaming chat completions of 4 tokens, then the median time of each hop (docs/BENCHMARKS.md, round 24).
 #   bash tools/ttft_trace/run.sh                      # on a GPU machine set up by tools/device_run.sh: random weights
