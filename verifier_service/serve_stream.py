@@ -106,15 +106,16 @@ class ServeStream:
     def _response(self, items: list) -> verifier_pb2.ServeResponse:
         outputs: list[RequestOutput] = []
         errors: list[tuple[str, int, str]] = []
+        ended: list[str] = []  # forgotten only once the message is built: a first update may also be the last
         for item in items:
             if isinstance(item, RequestOutput):
                 outputs.append(item)
                 if item.finished:
-                    self._forget(item.request_id)
+                    ended.append(item.request_id)
                 continue
             if isinstance(item, RequestFailed):
                 code, message = status_of(item.error)
-                self._forget(item.request_id)
+                ended.append(item.request_id)
             else:
                 code, message = item.code, item.message
                 self._num_refusals -= 1
@@ -125,6 +126,8 @@ class ServeStream:
             arrived = self._unseeded.pop(output.request_id, None)
             if arrived is not None:
                 self._first_token(now - arrived)
+        for request_id in ended:
+            self._forget(request_id)
         return response
 
     def _start(self, start: verifier_pb2.ServeStart) -> None:

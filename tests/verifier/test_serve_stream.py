@@ -111,6 +111,19 @@ async def test_each_request_reports_its_time_to_first_token_once(verifier):
     assert len(observed) == 3 and all(0 < seconds < 10 for seconds in observed)
 
 
+async def test_a_request_whose_first_update_is_its_last_reports_its_first_token_and_its_seed(verifier):
+    """A one-token request (or any that finishes before the stream sends its first message) is forgotten by the stream
+    as its last update goes out: its first-token time and its seed must go out first."""
+    before = len(verifier.first_tokens)
+    call = verifier.stub.Serve()
+    await call.write(verifier_pb2.ServeRequest(starts=[start("one", max_tokens=1, temperature=1.0)]))
+    _, _, messages = await collect(call, {"one"})
+    call.cancel()
+    assert len(verifier.first_tokens) == before + 1
+    first = messages[0]
+    assert list(first.request_ids) == ["one"] and 0 in first.seeds  # an unseeded sampled request gets one
+
+
 async def test_a_bad_start_is_refused_by_name_and_the_others_run(verifier):
     call = verifier.stub.Serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("bad", (1, VOCAB + 5)), start("good")]))
