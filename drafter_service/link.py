@@ -30,12 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from drafter_service.batch import DraftRequest
+from drafter_service.service_asker import CONTEXT
 from specd.serving import TlsConfig
 
 logger = logging.getLogger(__name__)
-
-_CONTEXT = "context"  # an answer from the link's own copy of the contexts (the service's: service_asker.SERVICE)
-
 
 @dataclass
 class _StepAnswers:
@@ -125,7 +123,7 @@ class DrafterLink:
                     break
                 answered_id, source, drafts = self._conn.recv()
                 answers = self._answers.setdefault(answered_id, _StepAnswers())
-                if source == _CONTEXT:
+                if source == CONTEXT:
                     answers.context = drafts
                 else:
                     answers.service, answers.service_done = drafts, True
@@ -225,7 +223,7 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
             drafts = {request_id: tokens for request_id, tokens in own.propose(requests).items() if tokens}
             wanted = any(r.draft_limit > 0 for r in requests)
             if wanted:
-                sender.send((step_id, _CONTEXT, drafts))
+                sender.send((step_id, CONTEXT, drafts))
             asker.ask(step_id, requests, drafts if wanted else None)
     except (EOFError, OSError):
         return  # the engine is gone

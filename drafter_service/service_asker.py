@@ -14,7 +14,9 @@ import threading
 from drafter_service.batch import DraftRequest
 from specd.serving import TlsConfig
 
-SERVICE = "service"  # an answer from the drafter service
+# The link's pipe carries (step_id, source, drafts): CONTEXT, the link's own drafts, at once; then SERVICE, the entries
+# where the service's differ, or FELL_BACK.
+CONTEXT, SERVICE = "context", "service"
 FELL_BACK = None  # the service's answer for a step it did not answer in time
 
 

@@ -1,5 +1,6 @@
 """specd.v1.Gateway/Generate over real gRPC: text, usage, errors naming fields, auth, cancel propagation."""
 import asyncio
+import contextlib
 import threading
 
 import grpc
@@ -127,20 +128,27 @@ async def generate_with_timeout(stub, timeout, prompt="x"):
 LONG_PROMPT = "word " * (INLINE_TEXT_CHARS // 4)  # tokenized on a worker thread, not on the event loop
 
 
+@contextlib.asynccontextmanager
+async def every_worker_thread_busy():
+    """The event loop's default pool kept busy (more tasks than its threads) until the block ends."""
+    loop, release = asyncio.get_running_loop(), threading.Event()
+    busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]
+    try:
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+
+
 async def test_a_deadline_that_passes_while_the_prompt_is_tokenized_is_counted(stub, stack):
     """A long prompt is tokenized on the event loop's worker threads. When they are all busy (a loaded gateway), the
     deadline can pass before the request reaches the verifier: that is still a deadline error, counted as one (it went
     uncounted, and tests/e2e/test_cancel_and_deadline.py failed now and then on a loaded CI machine)."""
-    loop, release = asyncio.get_running_loop(), threading.Event()
-    busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than the default pool's threads
     before = stack.errors_counted("DEADLINE_EXCEEDED")
-    try:
+    async with every_worker_thread_busy():
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await generate_with_timeout(stub, timeout=0.3, prompt=LONG_PROMPT)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    finally:
-        release.set()
-        await asyncio.gather(*busy)
     for _ in range(100):  # the handler ends just after the client's error
         if stack.errors_counted("DEADLINE_EXCEEDED") == before + 1:
             break
@@ -151,14 +159,9 @@ async def test_a_deadline_that_passes_while_the_prompt_is_tokenized_is_counted(s
 async def test_a_short_prompt_is_tokenized_on_the_event_loop_without_waiting_for_a_worker_thread(stub):
     """A short prompt costs less to tokenize than the hop to a worker thread and back, so it takes none: with every
     worker thread busy it is still answered."""
-    loop, release = asyncio.get_running_loop(), threading.Event()
-    busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than the default pool's threads
-    try:
+    async with every_worker_thread_busy():
         messages = await generate_with_timeout(stub, timeout=5, prompt="x")
         assert messages[-1].finish_reason
-    finally:
-        release.set()
-        await asyncio.gather(*busy)
 
 
 async def test_with_an_api_key_calls_need_the_bearer_token(tokenizer):
