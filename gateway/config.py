@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specd.options import MAX_STREAM_INTERVAL
 from specd.serving import TlsConfig
 
 
@@ -28,6 +29,7 @@ class GatewayConfig:
     grace_seconds: float = 10.0  # how long in-flight requests may run on after SIGTERM
     log_requests: bool = False  # log prompts and outputs; off, they never reach the logs
     processes: int = 1  # gateway processes sharing both ports (gateway/processes.py)
+    stream_interval: int = 1  # tokens a stream gathers per event after its first (verifier_stream.Updates)
     reuse_port: bool = False  # set by gateway/processes.py for its workers: bind the ports with SO_REUSEPORT
 
     def __post_init__(self) -> None:
@@ -51,6 +53,8 @@ class GatewayConfig:
             raise ValueError("health_poll_seconds: must be > 0")
         if self.processes < 1:
             raise ValueError(f"processes: must be >= 1, got {self.processes}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(f"stream_interval: must be in 1..{MAX_STREAM_INTERVAL}, got {self.stream_interval}")
         if self.processes > 1 and not (self.grpc_port and self.http_port):
             raise ValueError("processes: several gateway processes need fixed ports (not 0)")
         if self.grace_seconds < 0:

@@ -30,31 +30,45 @@ class UpstreamError(Exception):
 
 class Updates:
     """One request's updates (VerifierChunk | UpstreamError), in order: put by the stream's reader, taken by the
-    request all at once. Lighter than an asyncio.Queue, on a path taken once per step for every request."""
+    request all at once. Lighter than an asyncio.Queue, on a path taken once per step for every request.
 
-    __slots__ = ("_items", "_waiter")
+    With a stream interval N > 1 (--stream-interval, as vLLM's and SGLang's) the request wakes once N tokens have
+    come since it last took, or at its first token, its end or an error: one detokenize, one event and one write for
+    N tokens, for less gateway CPU a token and a burstier stream."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_items", "_waiter", "_interval", "_tokens", "_due", "_ready")
+
+    def __init__(self, interval: int = 1) -> None:
         self._items: list = []
         self._waiter: asyncio.Future | None = None
+        self._interval = interval
+        self._tokens = 0  # tokens put since the last take
+        self._due = 1  # tokens that wake the request: the first one at once, then `interval` at a time
+        self._ready = False
 
     def put(self, update) -> None:
         self._items.append(update)
+        if isinstance(update, VerifierChunk) and not update.finish_reason:
+            self._tokens += len(update.token_ids)
+            if self._tokens < self._due:
+                return
+        self._ready = True
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def take(self) -> list:
-        """Every update that has arrived since the last take, waiting for one if none has."""
-        while not self._items:
+        """Every update that has arrived since the last take, waiting until they are due if they are not."""
+        while not self._ready:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         items, self._items = self._items, []
+        self._tokens, self._due, self._ready = 0, self._interval, False
         return items
 
 
 class VerifierStream:
-    def __init__(self, stub, address: str) -> None:
-        self._stub, self.address = stub, address
+    def __init__(self, stub, address: str, stream_interval: int = 1) -> None:
+        self._stub, self.address, self._stream_interval = stub, address, stream_interval
         self._call = None
         self._live: dict[str, Updates] = {}  # request id -> its updates
         self._starts: list[verifier_pb2.ServeStart] = []
@@ -66,7 +80,7 @@ class VerifierStream:
         """Sends `request`; its updates, ending with a finish_reason or an UpstreamError, arrive on what it returns."""
         if self._call is None:
             self._open()
-        updates = self._live[request.request_id] = Updates()
+        updates = self._live[request.request_id] = Updates(self._stream_interval)
         self._starts.append(verifier_pb2.ServeStart(request=request, timeout_seconds=timeout or 0.0))
         self._pending.set()
         return updates

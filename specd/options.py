@@ -27,6 +27,7 @@ DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.dr
 DRAFT_POLICIES = ("goodput", "batch-size")  # verifier_service/engine/draft_policy.py
 MAX_GATEWAY_PROCESSES = 64
 DEFAULT_MAX_GATEWAY_PROCESSES = 8  # --gateway-processes auto takes no more
+MAX_STREAM_INTERVAL = 256  # --stream-interval: tokens a stream may gather into one event
 # --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS_ARCHIVE.md, "CPU default for k").
 DEFAULT_NUM_SPECULATIVE_TOKENS = {"cpu": 6, "cuda": 4}
 # --max-num-seqs / --max-num-batched-tokens left unset, per device: a GPU serves hundreds of streams at once (CUDA
@@ -69,6 +70,7 @@ class ServiceOptions:
     draft_policy: str = "batch-size"  # verifier: how many drafts a step gets ("goodput": measured, experimental)
     drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
+    stream_interval: int = 1  # gateway: tokens a stream gathers per event after its first
     max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
     max_num_batched_tokens: int | None = None  # verifier: tokens one step feeds the model (None: the device's)
     deterministic: bool = False  # verifier: batch-invariant kernels, the same greedy text in any batch
@@ -111,6 +113,8 @@ class ServiceOptions:
         if self.gateway_processes is not None and not 1 <= self.gateway_processes <= MAX_GATEWAY_PROCESSES:
             raise ValueError(f"gateway_processes: must be in 1..{MAX_GATEWAY_PROCESSES} or auto, "
                              f"got {self.gateway_processes}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(f"stream_interval: must be in 1..{MAX_STREAM_INTERVAL}, got {self.stream_interval}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -253,6 +257,10 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gateway-processes", type=_processes, default=_processes(environment.option("gateway_processes", "auto")),
                        help="gateway: processes serving its ports, each a whole gateway on a core of its own "
                             "(auto: one per usable CPU, at most 8; under specd up one per 4 CPUs)")
+    group.add_argument("--stream-interval", type=int, default=int(environment.option("stream_interval", "1")),
+                       help="gateway: tokens a streamed response gathers into one event after its first token, "
+                            "which is sent at once, as is the last (default 1: every step's tokens at once; more "
+                            "costs the gateway less CPU a token, for a burstier stream)")
 
 
 def _processes(value: str) -> int | None:
@@ -285,6 +293,7 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
         drafting=args.drafting, draft_policy=args.draft_policy,
         drain_seconds=args.drain_seconds, gateway_processes=args.gateway_processes,
+        stream_interval=args.stream_interval,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         deterministic=args.deterministic,
     )

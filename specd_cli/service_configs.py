@@ -30,5 +30,6 @@ def gateway_config_from_options(options: ServiceOptions):
         max_model_len=options.max_model_len or None,
         log_requests=options.log_requests,
         processes=options.resolved_gateway_processes(),
+        stream_interval=options.stream_interval,
         **drain(options),
     )

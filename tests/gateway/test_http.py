@@ -241,3 +241,22 @@ async def test_the_openai_client_streams_chat_with_usage(stack):
     assert chunks[-1].usage.completion_tokens == len(stack.reply_ids)
     assert chunks[-1].usage.model_extra["speculative"]["steps"] >= 1
     await client.close()
+
+
+async def test_a_stream_interval_sends_the_same_text_in_fewer_events(tokenizer):
+    """--stream-interval 4, one token a 5 ms verifier step: the first token's event at once, then one per 4 tokens."""
+    events = {}
+    for interval in (1, 4):
+        stack = await start_gateway_stack(tokenizer, tokens_per_step=1, stream_interval=interval, step_seconds=0.005)
+        try:
+            async with httpx.AsyncClient(base_url=stack.http_url, timeout=30) as client:
+                response = await client.post("/v1/completions", json={"model": "default", "prompt": "Hi",
+                                                                      "stream": True})
+            events[interval] = sse_events(response.text)[:-1]
+        finally:
+            await stack.stop()
+    for chunks in events.values():
+        assert "".join(c["choices"][0]["text"] for c in chunks) == REPLY
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    tokens = len(stack.reply_ids)  # 13: one event each at interval 1 (steps that pile up would merge)
+    assert len(events[4]) <= 2 + (tokens - 1) // 4 < len(events[1])

@@ -271,3 +271,21 @@ async def test_an_error_behind_piled_up_steps_comes_after_their_tokens(replicas)
         await router.close()
     assert merged.token_ids == tuple(TOKENS[1:4]) and not merged.finish_reason
     assert error.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("interval", [3, 4])
+async def test_a_stream_interval_gathers_tokens_after_the_first_and_sends_the_last_at_once(replicas, interval):
+    tokens = list(range(20, 31))  # 11 tokens, one a step
+    for replica in replicas:
+        replica.tokens, replica.tokens_per_step = tokens, 1
+    router = Router([replica.address for replica in replicas], poll_interval=60, stream_interval=interval)
+    await router.start()
+    try:
+        chunks = await collect(router)
+    finally:
+        await router.close()
+    counts = [len(chunk.token_ids) for chunk in chunks]
+    assert [t for chunk in chunks for t in chunk.token_ids] == tokens and chunks[-1].finish_reason == "stop"
+    assert counts[0] == 1  # the first token at once
+    assert all(count >= interval for count in counts[1:-1])  # then at least `interval` a wake-up
+    assert len(chunks) <= 2 + (len(tokens) - 1) // interval  # the last, finishing, without waiting for more

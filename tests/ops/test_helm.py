@@ -264,3 +264,9 @@ def test_gateway_processes_come_from_the_value_else_the_cpu_request(values, proc
     docs = objects(render_chart(set_values=values))
     (gateway,) = pod_spec(docs, "gateway")["containers"]
     assert env_of(gateway)["SPECD_GATEWAY_PROCESSES"] == processes
+
+
+@pytest.mark.parametrize("values, interval", [((), "1"), (("gateway.streamInterval=8",), "8")])
+def test_the_gateway_stream_interval_comes_from_its_value(values, interval):
+    (gateway,) = pod_spec(objects(render_chart(set_values=values)), "gateway")["containers"]
+    assert env_of(gateway)["SPECD_STREAM_INTERVAL"] == interval

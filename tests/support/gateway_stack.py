@@ -38,11 +38,13 @@ class GatewayStack:
 
 
 async def start_gateway_stack(tokenizer: Tokenizer, api_key: str | None = None,
-                              max_model_len: int = MAX_MODEL_LEN) -> GatewayStack:
+                              max_model_len: int = MAX_MODEL_LEN, tokens_per_step: int = 3,
+                              stream_interval: int = 1, step_seconds: float = 0.0) -> GatewayStack:
     reply_ids = tokenizer.encode(REPLY) + [tokenizer.hf.eos_token_id]
-    verifier = await ScriptedVerifier(reply_ids, tokens_per_step=3, model="SmolLM2-135M-Instruct",
+    verifier = await ScriptedVerifier(reply_ids, tokens_per_step=tokens_per_step, model="SmolLM2-135M-Instruct",
                                       max_model_len=max_model_len).start()
+    verifier.step_seconds = step_seconds
     config = GatewayConfig(model_path=str(tokenizer.model_path), verifier_addrs=(verifier.address,),
                            host="127.0.0.1", grpc_port=0, http_port=0, api_key=api_key,
-                           health_poll_seconds=0.05, grace_seconds=0)
+                           health_poll_seconds=0.05, grace_seconds=0, stream_interval=stream_interval)
     return GatewayStack(await start(config), verifier, reply_ids)

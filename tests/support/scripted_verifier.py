@@ -29,6 +29,7 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
         self.reported_running = 0  # added to live requests in the load report
         self.fail_with: grpc.StatusCode | None = None  # abort every call before its first token
         self.hold_after_steps: int | None = None  # stop streaming after this many steps, until cancelled
+        self.step_seconds = 0.0  # each step's time (0: as fast as the loop goes, steps may pile up)
         self.drawn_seed = 4242  # the "random" seed of a sampled request that came without one
         self.requests: list[verifier_pb2.VerifierGenerateRequest] = []
         self.time_remaining: list[float | None] = []
@@ -89,7 +90,7 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
             yield verifier_pb2.VerifierGenerateResponse(
                 token_ids=step, finish_reason=finish_reason if last else "", usage=usage,
                 logprobs=logprobs, seed=seed if index == 0 else None)
-            await asyncio.sleep(0)  # let cancellations in between steps, as a real engine would
+            await asyncio.sleep(self.step_seconds)  # let cancellations in between steps, as a real engine would
 
     async def Serve(self, request_iterator, context):
         """The gateway's way in: each start runs as Generate would, its messages sent in columns."""
