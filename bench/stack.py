@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -229,9 +230,22 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
     for clients in args.clients:
         for k in args.ks:
             for _ in range(args.passes):
-                rows.append(_closed_loop(engine, prompt_ids[:_num_requests(args, clients)], clients, k,
-                                         args.max_tokens, tokenizer.eos_token_ids))
+                for where in ("main", "thread") if args.engine_on == "both" else (args.engine_on,):
+                    rows.append(_on(where, _closed_loop, engine, prompt_ids[:_num_requests(args, clients)], clients,
+                                    k, args.max_tokens, tokenizer.eos_token_ids))
+                    rows[-1].label += "/thread" if where == "thread" else ""
     return rows
+
+
+def _on(where: str, run, *args):
+    """run(*args) on this thread, or on a thread of its own as the verifier's engine process runs its engine."""
+    if where == "main":
+        return run(*args)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(run(*args)), name="engine-loop")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def _closed_loop(engine, prompts: list[list[int]], clients: int, k: int, max_tokens: int, eos) -> Row:
@@ -359,6 +373,10 @@ def parse_args() -> argparse.Namespace:
                                                                "from earlier outputs)")
     parser.add_argument("--port-offset", type=int, default=800)
     parser.add_argument("--no-engine", action="store_true", help="the stack only")
+    parser.add_argument("--no-stack", action="store_true", help="the engine alone only")
+    parser.add_argument("--engine-on", default="main", choices=["main", "thread", "both"],
+                        help="the thread the engine alone runs on: this process's main thread, one of its own (as in "
+                             "the verifier's engine process), or both in turn")
     parser.add_argument("--out", default="stack_results.jsonl")
     parser.add_argument("--stack-log", default="stack.log", help="where `specd up` writes its services' logs")
     parser.add_argument("--hf", type=int, nargs="*", default=None, metavar="K",
@@ -368,11 +386,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
+def stack_runs(args, prompts: list[str]) -> list[Row]:
+    """Every client count and k through `specd up`, its table printed as each run ends."""
     from specd.options import GATEWAY_PORTS, VERIFIER_PORTS
 
-    prompts = instruction_prompts(max(_num_requests(args, c) for c in args.clients))
     rows: list[Row] = []
     stack = start_stack(args, args.port_offset)
     try:
@@ -387,6 +404,15 @@ def main() -> None:
     finally:
         os.killpg(stack.pid, 2)
         stack.wait(timeout=60)
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    prompts = instruction_prompts(max(_num_requests(args, c) for c in args.clients))
+    rows: list[Row] = []
+    if not args.no_stack:
+        rows += stack_runs(args, prompts)
     if not args.no_engine:
         verifier_options = ["--model", args.model, "--device", args.device,
                             "--max-speculative-tokens", str(max(max(args.ks), 1)), *args.stack_args]

@@ -21,6 +21,11 @@
 #           and .device-part2/gguf.part2): the stack with speculation off and on, drafter memory off, then a second
 #           stack with memory on, each prompt set twice (the second pass drafts from the first's outputs)
 # old_real: `real` for the code in .device/old (git archive of the commit measured against), first, in the same call
+# sched   : every thread's CPU and run-queue wait (tools/thread_sched.py) over the stack beside its engine at 64
+#           clients, k = 0, with default torch threads, then OMP_NUM_THREADS=1, then the default again
+# enginethread: the engine alone (random weights, 64 clients, k = 0) on the main thread and on one of its own, in
+#           turns, with default torch threads and with OMP_NUM_THREADS=1
+# interval: --stream-interval 1 against 8 through the stack (real weights, 64 / 256 clients, k = 0)
 # model   : only converts the real weights (before lanes that use them start side by side)
 # stack_new / stack_old: the real weights, 1 / 16 / 64 / 256 clients, speculation off and on, stack only, for this tree
 #           / .device/old (ports + 900, or + PORT_OFFSET), to run side by side on two GPUs (tools/device_call.sh lanes);
@@ -121,9 +126,34 @@ for part in "$@"; do
       # shellcheck disable=SC2086
       for round in 1 2; do
         engine=--no-engine; [ "$round" = 1 ] && engine=
-        TAIL=8 LIMIT=200 stack . "ab_new$round" --clients ${AB_CLIENTS:-1 16 64} $requests $engine
-        TAIL=8 LIMIT=150 stack .device/old "ab_old$round" --clients ${AB_CLIENTS:-1 16 64} $requests --no-engine \
+        TAIL=8 LIMIT=${AB_LIMIT_NEW:-200} stack . "ab_new$round" --clients ${AB_CLIENTS:-1 16 64} $requests $engine
+        TAIL=8 LIMIT=${AB_LIMIT_OLD:-150} stack .device/old "ab_old$round" --clients ${AB_CLIENTS:-1 16 64} $requests --no-engine \
           --port-offset 900
+      done ;;
+    sched)  # why the stack's engine thread is slower than its engine alone at 64 clients: every python thread's CPU
+      default_model || continue  # time, run-queue wait and switches (tools/thread_sched.py), default torch threads,
+      # then OMP_NUM_THREADS=1 (vLLM's default for its GPU processes), then the default again; stack beside engine
+      python3 tools/thread_sched.py "$OUT/sched.jsonl" --interval 0.5 --duration 540 & sampler=$!
+      for run in default1 omp1 default2; do
+        echo "$run $(date +%s.%N)" >> "$OUT/sched_marks.txt"
+        if [ "$run" = omp1 ]; then export OMP_NUM_THREADS=1; else unset OMP_NUM_THREADS; fi
+        TAIL=6 LIMIT=150 stack . "sched_$run" --clients ${SCHED_CLIENTS:-64} --ks 0 --num-requests 600 --passes 3
+      done
+      unset OMP_NUM_THREADS; echo "end $(date +%s.%N)" >> "$OUT/sched_marks.txt"; kill "$sampler"
+      python3 tools/thread_sched.py --summary "$OUT/sched.jsonl" > "$OUT/sched_summary.txt" ;;
+    enginethread)  # the engine alone at 64 clients on the main thread and on a thread of its own, in turns, with
+      # default torch threads and with OMP_NUM_THREADS=1 (random weights of the default model, k = 0, no stack)
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      for omp in default 1; do
+        if [ "$omp" = 1 ]; then export OMP_NUM_THREADS=1; else unset OMP_NUM_THREADS; fi
+        TAIL=8 LIMIT=200 stack . "enginethread_omp_$omp" --model /tmp/models/smollm2-135m --no-stack --engine-on both \
+          --clients 64 --ks 0 --num-requests 600 --passes 2
+      done; unset OMP_NUM_THREADS ;;
+    interval)  # --stream-interval 1 against 8: the real weights, 64 and 256 clients, k = 0, stack (the engine alone
+      default_model || continue  # once, beside interval 1)
+      for n in 1 8; do
+        engine=--no-engine; [ "$n" = 1 ] && engine=
+        TAIL=6 LIMIT=200 stack . "interval_$n" --clients 64 256 --ks 0 --num-requests 600 $engine -- --stream-interval "$n"
       done ;;
     model) default_model ;;
     stack_new|stack_old)
