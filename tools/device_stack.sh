@@ -140,7 +140,8 @@ for part in "$@"; do
         TAIL=6 LIMIT=150 stack . "sched_$run" --clients ${SCHED_CLIENTS:-64} --ks 0 --num-requests 600 --passes 3
       done
       unset OMP_NUM_THREADS; echo "end $(date +%s.%N)" >> "$OUT/sched_marks.txt"; kill "$sampler"
-      python3 tools/thread_sched.py --summary "$OUT/sched.jsonl" > "$OUT/sched_summary.txt" ;;
+      python3 tools/thread_sched.py --summary "$OUT/sched.jsonl" > "$OUT/sched_summary.txt"  # the samples are over
+      rm -f "$OUT/sched.jsonl" "$OUT"/sched_*.stack.log; echo "== busiest threads"; tail -n 30 "$OUT/sched_summary.txt" ;;  # a call's files
     enginethread)  # the engine alone at 64 clients on the main thread and on a thread of its own, in turns, with
       # default torch threads and with OMP_NUM_THREADS=1 (random weights of the default model, k = 0, no stack)
       [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
