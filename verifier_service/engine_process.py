@@ -232,10 +232,9 @@ def _drafter_client(config):
         from drafter_service.link import DrafterLink  # the client's threads away from the engine's interpreter
 
         return DrafterLink(config.drafter_addr, tls=config.drafter_tls)
-    from drafter_service.client import DrafterClient
-    from verifier_service.step_ahead_drafter import StepAheadDrafter  # a synchronous engine: no wait for the service
+    from drafter_service.client import DrafterClient  # a synchronous engine waits for the drafter anyway
 
-    return StepAheadDrafter(DrafterClient(config.drafter_addr, tls=config.drafter_tls))
+    return DrafterClient(config.drafter_addr, tls=config.drafter_tls)
 
 
 def _serve_pipe(conn: Connection, engine_loop, send) -> None:

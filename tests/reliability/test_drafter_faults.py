@@ -1,7 +1,6 @@
 """Drafter faults cost no request and no time (one stack, one drafter, one verifier, a gateway).
 
-- Killed and restarted: the verifier drafts from each request's own context meanwhile, and the service answers again
-  after the restart (killed under load, in the soak: test_soak.py).
+- Killed and restarted: drafting comes back after the restart (killed under load, in the soak: test_soak.py).
 - Slow (--inject-delay-ms far beyond the per-step budget): each step waits for drafts only up to the
   drafter client's deadline, then decodes without them; output is unchanged.
 """
@@ -29,24 +28,16 @@ def verifier_metric(stack, name: str, **labels) -> float:
     return metric_value(stack.metrics_url("verifier-0"), name, **labels)
 
 
-def test_a_killed_drafter_costs_its_memory_not_the_drafts_and_answers_again_after_a_restart(stack):
-    """The verifier drafts each step from the request's own context itself (verifier_service/step_ahead_drafter.py);
-    the drafter service adds its memory of earlier outputs, a step ahead."""
+def test_drafting_resumes_after_the_drafter_restarts(stack):
     stack.kill("drafter")
-    fallbacks = verifier_metric(stack, "specd_drafter_fallbacks_total")
-    own = verifier_metric(stack, "specd_drafter_context_drafts_total")
     without = generate(stack.gateway_address, REPEATING_PROMPT, MAX_TOKENS, num_speculative_tokens=4)
-    assert without.usage.accepted_tokens > 0  # drafted from its own context, not failed
-    assert verifier_metric(stack, "specd_drafter_fallbacks_total") > fallbacks
-    assert verifier_metric(stack, "specd_drafter_context_drafts_total") > own
+    assert without.usage.accepted_tokens == 0  # decoded without drafts, not failed
     stack.restart("drafter")
     for _ in range(3):  # the verifier reconnects in the background; give it a request or two
-        fallbacks = verifier_metric(stack, "specd_drafter_fallbacks_total")
         result = generate(stack.gateway_address, REPEATING_PROMPT, MAX_TOKENS, num_speculative_tokens=4)
-        if verifier_metric(stack, "specd_drafter_fallbacks_total") == fallbacks:
+        if result.usage.accepted_tokens > 0:
             break
-    assert verifier_metric(stack, "specd_drafter_fallbacks_total") == fallbacks  # every step's answer came in time
-    assert result.token_ids == without.token_ids and result.usage.accepted_tokens > 0
+    assert result.usage.accepted_tokens > 0
 
 
 def propose_stage(stack) -> tuple[float, float]:
