@@ -1,4 +1,6 @@
 """Scheduler and step-loop behaviour with a fake paged runner (fast; the real model is in test_engine_greedy)."""
+import time
+
 import pytest
 
 from specd.sampling import InvalidParameter, SamplingParams
@@ -135,3 +137,20 @@ def test_max_num_seqs_bounds_the_running_batch():
     while engine.has_unfinished_requests():
         engine.step()
         assert engine.load().num_running <= 2
+
+
+class SlowToDraftProposer(OracleProposer):
+    """Drafts as it is asked (no begin_propose), and takes 20 ms to."""
+
+    def propose(self, requests):
+        time.sleep(0.02)
+        return super().propose(requests)
+
+
+def test_a_synchronous_step_times_all_it_spent_on_its_drafts_as_its_propose_stage(references):
+    """Whether the proposer answers as it is asked or later, the propose stage holds that time (the step waited)."""
+    engine = make_engine(SlowToDraftProposer(references), num_speculative_tokens=4)
+    engine.add_request("r5", PROMPTS["r5"], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    run(engine)
+    drafting = [s for s in engine.take_step_stats() if s.spec_decoding]
+    assert drafting and all(s.stage_seconds["propose"] >= 0.02 for s in drafting)

@@ -193,7 +193,7 @@ class Engine:
     def _propose(self, batch: ScheduledBatch) -> None:
         with self._lock:
             wanted = self.scheduler.draft_requests(batch) if self.proposer is not None else []
-        drafts = self._proposals(self._ask(wanted) if wanted else None)  # every step times its propose stage
+        drafts = self._ask_and_wait(wanted)  # every step times its propose stage
         with self._lock:
             self.scheduler.add_drafts(batch, drafts)
 
@@ -224,9 +224,19 @@ class Engine:
             return None
 
     @timed_stage("propose")
+    def _ask_and_wait(self, wanted: list[DraftRequest]) -> dict[str, list[int]]:
+        """A step scheduled after the one before was verified: its drafts, asked now and waited for (the propose
+        stage: all the time the step spent on its drafts, a proposer that drafts as it is asked included)."""
+        return self._answer(self._ask(wanted) if wanted else None)
+
+    @timed_stage("propose")
     def _proposals(self, pending: PendingProposal | None, wait: bool = True) -> dict[str, list[int]]:
-        """A proposal's drafts, waiting for them up to the proposer's deadline unless `wait` is False (the propose
-        stage: time the step waited for the proposer)."""
+        """A proposal asked a step earlier: its drafts, unless `wait`, only what has come (the propose stage: the
+        time the step waited for the proposer)."""
+        return self._answer(pending, wait)
+
+    def _answer(self, pending: PendingProposal | None, wait: bool = True) -> dict[str, list[int]]:
+        """A proposal's drafts, waiting for them up to the proposer's deadline unless `wait` is False."""
         if pending is None:
             return {}
         try:
