@@ -150,7 +150,7 @@ class Engine:
         the proposal asked when previous was launched (collected without waiting); first, on the contexts known
         now, asks for the step after the one launched here."""
         asked = self._take_proposal(previous)
-        proposals = self._proposals(asked.pending if asked is not None else None, wait=False)
+        proposals = self._collect_ahead(asked.pending if asked is not None else None)
         upcoming = self._ask_ahead(previous)  # after the collection: asking reads (and drops) replies in hand
         batch, requests = self._schedule(previous.batch)
         if not batch:
@@ -230,10 +230,10 @@ class Engine:
         return self._answer(self._ask(wanted) if wanted else None)
 
     @timed_stage("propose")
-    def _proposals(self, pending: PendingProposal | None, wait: bool = True) -> dict[str, list[int]]:
-        """A proposal asked a step earlier: its drafts, unless `wait`, only what has come (the propose stage: the
-        time the step waited for the proposer)."""
-        return self._answer(pending, wait)
+    def _collect_ahead(self, pending: PendingProposal | None) -> dict[str, list[int]]:
+        """A proposal asked a step earlier: what has come of it, without waiting (the propose stage: the time the
+        step spent collecting it)."""
+        return self._answer(pending, wait=False)
 
     def _answer(self, pending: PendingProposal | None, wait: bool = True) -> dict[str, list[int]]:
         """A proposal's drafts, waiting for them up to the proposer's deadline unless `wait` is False."""
