@@ -12,8 +12,9 @@ Then the engine alone runs in this process on exactly the same requests (the gat
 same messages, the verifier's own engine config, the drafter's rule in process), as many at a time as there were
 clients. Each row reports output tok/s, TTFT and inter-event latency (one event per step that emitted text for the
 request) p50 / p99, the verifier's own mean time to first token (a request's arrival there to its first tokens
-leaving it: the rest of TTFT is the gateway and the network), request latency p50 / p99, errors, tokens per step
-and accepted / proposed, the verifier's stage means per step, the forward passes by path (CUDA graph, piecewise
+leaving it: the rest of TTFT is the gateway and the network), request latency p50 / p99, errors, the verifier's
+stalls among its steps (specd_step_stalls_total: steps over 10x their kind's median), tokens per step
+and accepted / proposed, the verifier's mean step and its stage means per step, the forward passes by path (CUDA graph, piecewise
 graphs, eager) and each process's CPU microseconds per output token; ratios to the engine alone, to speculation off
 and, at one client, to Hugging Face generate (--hf: plain greedy against k = 0, the best prompt lookup against
 k > 0). Results go to --out as JSON lines; a short table is printed last.
@@ -69,8 +70,10 @@ class Row:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per engine step
+    step_ms: float = float("nan")  # the engine's mean step (specd_step_seconds), whatever its stages
     late: float = float("nan")  # share of the engine's steps whose drafts the drafter did not deliver in time
     own: float = float("nan")  # share of the engine's steps its drafter link drafted from its own copy instead
+    stalls: str = "-"  # the verifier's steps over 10x their kind's median (specd_step_stalls_total) / its steps
     forwards: dict[str, float] = field(default_factory=dict)  # forward passes by path: graph, piecewise, eager
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
 
@@ -133,6 +136,10 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
                 values[sample.labels["stage"]] = sample.value
             elif sample.name == "specd_step_seconds_count":
                 values["steps"] = sample.value
+            elif sample.name == "specd_step_seconds_sum":
+                values["step seconds"] = sample.value
+            elif sample.name == "specd_step_stalls_total":
+                values["stalls"] = sample.value
             elif sample.name in ("specd_verifier_time_to_first_token_seconds_sum",
                                  "specd_verifier_time_to_first_token_seconds_count"):
                 values[sample.name] = sample.value
@@ -170,9 +177,11 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     _add_records(row, records)
     steps = max(after.get("steps", 0) - before.get("steps", 0), 1)
     row.stage_ms = {s: 1000 * (after.get(s, 0) - before.get(s, 0)) / steps for s in STAGES}
+    row.step_ms = 1000 * (after.get("step seconds", 0) - before.get("step seconds", 0)) / steps
     fallbacks, own = "specd_drafter_fallbacks_total", "specd_drafter_context_drafts_total"
     row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
     row.own = (after.get(own, 0) - before.get(own, 0)) / steps
+    row.stalls = f"{after.get('stalls', 0) - before.get('stalls', 0):.0f}/{steps:.0f}"
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
     row.forwards = {path: after.get(f"forwards {path}", 0) - before.get(f"forwards {path}", 0) for path in PATHS}
     first = "specd_verifier_time_to_first_token_seconds"
@@ -336,7 +345,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
     hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
     print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'ver TTFT':>9}"
           f"{'gap p50/p99':>13}"
-          f"{'req p50/p99':>14}{'err':>5}{'tok/step':>9}{'acc/prop':>9}{'late':>6}{'own':>6}  {'stage ms propose/score/verify':<30}"
+          f"{'req p50/p99':>14}{'err':>5}{'stalls/steps':>13}{'tok/step':>9}{'acc/prop':>9}{'late':>6}{'own':>6}{'step ms':>8}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}{'forwards graph/piece/eager':>28}")
     for r in rows:
         versus_engine = engine.get((r.clients, r.k))
@@ -351,8 +360,8 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{r.tokens_per_second / versus_hf if versus_hf else float('nan'):>6.1f}"
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{r.verifier_ttft_ms:>9.1f}"
               f"{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
-              f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}"
-              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}{r.own:>6.2f}  "
+              f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}{r.stalls:>13}"
+              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}{r.own:>6.2f}{r.step_ms:>8.2f}  "
               f"{stages:<30}{cpu:>24}{forwards:>28}",
               flush=flush)
 

@@ -35,6 +35,12 @@
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
+# kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
+# stalls  : the real weights, drafter memory on, k = 4, 500 prompts twice at 1 and at 16 clients: the verifier's
+#           stalls (specd_step_stalls_total) and the slow steps it logged
+# verifycost: the real weights, one client, k = 0 and 4, memory off: the engine's mean step and stages
+# soak_bg / soak_wait: `soak` in a process session of its own that outlives the call (SOAK_S: 600), then a next call,
+#           made at once, waits for it and brings back its log and report
 # soak    : the real weights, python -m bench.soak on the GPU (two verifiers on it, 64 clients, SOAK_S s: 420;
 #           SOAK_ARGS: more of its arguments, --deterministic for outputs that must equal the reference exactly)
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
@@ -180,6 +186,30 @@ for part in "$@"; do
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
+    kernels)  # one decode and one verify step's kernels (k = 4, CUDA graphs, batch 1), the default model's shapes
+      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
+      echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+    stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4
+      LIMIT=${STACK_LIMIT:-400} stack . stalls --clients 1 16 --ks 4 --batch1-requests 500 --num-requests 500 \
+        --passes 2 --draft-memory-scope global --no-engine
+      echo "== slow steps logged: $(grep -c 'slow engine step' "$OUT/stalls.stack.log")"
+      grep 'slow engine step' "$OUT/stalls.stack.log" | head -n 8 ;;
+    verifycost) default_model || continue  # the mean step at k = 0 and k = 4, one client, memory off
+      LIMIT=${STACK_LIMIT:-240} stack . verifycost --clients 1 --ks 0 4 --batch1-requests 48 --passes 2 --no-engine ;;
+    soak_bg) default_model || continue  # the soak in a session of its own, outliving this call (soak_wait collects)
+      mkdir -p /tmp/soak
+      # shellcheck disable=SC2086  # SOAK_ARGS: more bench.soak arguments
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf setsid nohup python3 -m bench.soak --device cuda --dtype bfloat16 \
+        --kv-cache-bytes $((8 << 30)) --clients 64 --duration "${SOAK_S:-600}" ${SOAK_ARGS:-} \
+        --json /tmp/soak/soak.json > /tmp/soak/soak.log 2>&1 < /dev/null &
+      echo $! > /tmp/soak/pid; echo "== soak started at $(date +%T)" ;;
+    soak_wait)  # until the soak of soak_bg ends (or LIMIT s pass): its log and report
+      # (its pid, not pgrep -f: the call's own command line may name the bench)
+      while kill -0 "$(cat /tmp/soak/pid)" 2> /dev/null && [ "$SECONDS" -lt "${LIMIT:-560}" ]; do sleep 5; done
+      cp /tmp/soak/soak.log "$OUT/"; [ -f /tmp/soak/soak.json ] && cp /tmp/soak/soak.json "$OUT/"
+      echo "== soak $(kill -0 "$(cat /tmp/soak/pid)" 2> /dev/null && echo 'still running' || echo ended) at $(date +%T)"
+      tail -n 25 /tmp/soak/soak.log ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)"; lscpu > "$OUT/lscpu.txt" ;;
     detkernels)  # the deterministic mode's kernels alone (no model): a row's bits in any step
       python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_cuda.py -k "linear or rms_norm or attention or fused" \

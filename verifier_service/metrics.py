@@ -50,6 +50,8 @@ class VerifierMetrics:
         self.step_seconds = Histogram("specd_step_seconds", "Time per engine step, whatever its stages (one "
                                       "observation per step: a step far above the median is a stall).",
                                       buckets=_STEP_BUCKETS, registry=registry)
+        self.step_stalls = counter("step_stalls", "Engine steps over 10x the recent median of their kind (decode / "
+                                   "verify steps, or steps with a prompt chunk), each logged with its widths and stages.")
         self.step_tokens = Histogram("specd_step_tokens", "Tokens fed to the model per forward pass.",
                                      buckets=_TOKEN_BUCKETS, registry=registry)
         self.time_to_first_token = Histogram(
@@ -109,7 +111,8 @@ class VerifierMetricsExporter:
     def _export_step(self, step) -> None:
         metrics = self._metrics
         metrics.step_seconds.observe(step.seconds)
-        self._stall_log.observe(step)
+        if self._stall_log.observe(step):
+            metrics.step_stalls.inc()
         for stage, seconds in step.stage_seconds.items():
             metrics.step_stage_seconds.labels(stage=stage).observe(seconds)
         for num_tokens in step.forward_tokens:  # one observation per forward pass

@@ -170,6 +170,17 @@ def test_every_forward_is_counted_once_in_the_step_stats(references):
     assert sum(step.scheduled_ahead for step in stats) > 0
 
 
+def test_the_step_stats_count_the_prompt_tokens_each_step_fed():
+    """What the stall log tells prompt steps from decode steps by: a prompt fed in one chunk counts all its
+    tokens but the one a decode step would feed too, and no decode or verify step counts any."""
+    engine = make_engine(OracleProposer(greedy_references()), max_num_batched_tokens=256, num_speculative_tokens=3)
+    add_all(engine)
+    run(engine)
+    stats = engine.take_step_stats()
+    assert sum(step.num_prompt_tokens for step in stats) == sum(len(prompt) - 1 for prompt in PROMPTS.values())
+    assert [step.num_prompt_tokens > 0 for step in stats].count(True) == 1
+
+
 def test_a_stop_token_reached_within_accepted_drafts_in_flight_ends_the_output_there(references):
     continuation = expected(references)["r2"]
     stop = continuation[7]

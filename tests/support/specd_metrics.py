@@ -11,6 +11,7 @@ VERIFIER_FAMILIES = {
     "specd_step_stage_seconds": "histogram",  # label: stage
     "specd_step_tokens": "histogram",
     "specd_step_seconds": "histogram",  # one observation per step (stalls)
+    "specd_step_stalls": "counter",  # beyond docs/PUBLIC_SURFACE.md: steps over 10x their kind's median
     "specd_verifier_time_to_first_token_seconds": "histogram",  # a request's arrival here to its first tokens out
     "specd_num_requests_running": "gauge",
     "specd_num_requests_waiting": "gauge",

@@ -275,9 +275,11 @@ class Engine:
 
     def _count_forward(self, batch: ScheduledBatch, path: str) -> None:
         """path: graph (a decode / verify step's CUDA graph), piecewise (engine/piecewise_graphs.py) or eager."""
-        self.step_stats.current.forward_tokens.append(batch.num_tokens)
-        self.step_stats.current.num_graph_replays += path == "graph"
-        self.step_stats.current.num_piecewise_replays += path == "piecewise"
+        step = self.step_stats.current
+        step.forward_tokens.append(batch.num_tokens)
+        step.num_prompt_tokens += batch.num_tokens - sum(1 + r.num_draft_tokens for r in batch.requests)
+        step.num_graph_replays += path == "graph"
+        step.num_piecewise_replays += path == "piecewise"
 
     @timed_stage("verify")
     def _verify(self, batch: ScheduledBatch, requests: list[Request],

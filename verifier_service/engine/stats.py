@@ -43,6 +43,7 @@ class StepStats:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # schedule / propose / score / verify / update
     seconds: float = 0.0  # the whole step, whatever its stages
     forward_tokens: list[int] = field(default_factory=list)  # tokens fed to each forward this step launched
+    num_prompt_tokens: int = 0  # of those, the ones beyond each request's one token and its drafts: prompt chunks'
     num_graph_replays: int = 0  # of those forwards, the ones replayed from a decode / verify step's CUDA graph
     num_piecewise_replays: int = 0  # and the ones replayed from the model's captured pieces (piecewise_graphs.py)
     num_output_tokens: int = 0  # tokens emitted to callers
