@@ -7,7 +7,7 @@ from drafter_service.config import DrafterConfig, drafter_config_from_options
 from specd.options import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, IN_PROCESS_DRAFTER, VERIFIER_PORTS,
                            ServiceOptions, drain)
 from specd.serving import ServerConfig, TlsConfig
-from verifier_service.attention.backend import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
+from verifier_service.attention import FLASH_BLOCK_SIZE_MULTIPLE as FLASH_BLOCK_SIZE
 from verifier_service.engine.config import EngineConfig
 
 

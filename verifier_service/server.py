@@ -62,6 +62,7 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
         await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():  # a stop during the load: the engine process goes, nothing else ran yet
             logger.info("stop requested while loading the model: exiting")
+            loading.cancel()  # the load's end (the killed engine process's error) is nobody's news now
             engine.kill()
             await server.stop(grace=0)
             return

@@ -6,8 +6,11 @@ One module, so the stack its module-scoped fixtures start (conftest.py) is share
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -118,3 +121,19 @@ def test_dashboard_tokens_match_response_usage(prometheus, traffic):
     completion = sum(u["completion_tokens"] for u in traffic.usages)
     generated = prometheus.query('sum(specd_generation_tokens_total{namespace="specd-test"})')
     assert value(generated) == completion
+
+
+def _loads_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("service", ["gateway", "verifier-0", "drafter"])
+def test_only_the_engine_process_loads_torch(stack, traffic, service):
+    """After real requests, the gateway's processes, the verifier's serving process and the drafter have never loaded
+    torch (each would pay seconds at start-up and hundreds of MB for it); the verifier's engine process has."""
+    process = psutil.Process(stack.services[service].process.pid)
+    if service == "verifier-0":  # its children: the engine process (and multiprocessing's resource tracker)
+        assert any(_loads_torch(child.pid) for child in process.children())
+        assert not _loads_torch(process.pid)
+    else:
+        assert not any(_loads_torch(p.pid) for p in [process, *process.children(recursive=True)])

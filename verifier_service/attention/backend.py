@@ -12,9 +12,8 @@ from typing import Protocol
 
 import torch
 
+from verifier_service.attention import FLASH_BLOCK_SIZE_MULTIPLE
 from verifier_service.attention.metadata import AttentionMetadata
-
-FLASH_BLOCK_SIZE_MULTIPLE = 256  # flash-attn 2 paged KV requires block_size % 256 == 0
 
 
 class AttentionBackend(Protocol):
