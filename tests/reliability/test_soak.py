@@ -19,10 +19,13 @@ def stack():
 
 def test_a_drafter_kill_and_a_verifier_restart_under_load_lose_nothing_and_change_nothing(stack):
     report = soak.run_soak(stack, clients=8, duration=20.0, max_tokens=16, kill_at=0.2, down_for=2.0,
-                           restart_verifier_at=0.4)
+                           restart_verifier_at=0.5)
     print("\n" + soak.format_report(report))
-    assert [event.split(" at ")[0] for event in report.events] == [
-        "drafter killed", "drafter serving again", "verifier-1 killed", "verifier-1 serving again"]
+    events = [event.split(" at ")[0] for event in report.events]
+    # each fault in its order; on a busy 2-core machine the drafter may still be starting when the verifier dies
+    assert sorted(events) == ["drafter killed", "drafter serving again", "verifier-1 killed", "verifier-1 serving again"]
+    assert events.index("drafter killed") < events.index("drafter serving again")
+    assert events.index("verifier-1 killed") < events.index("verifier-1 serving again")
     assert report.completed >= 2 * report.clients, "too little load to mean anything"
     assert report.lost == 0 and report.errored == {}, report
     assert report.wrong == 0, report
