@@ -73,7 +73,8 @@ class Row:
     step_ms: float = float("nan")  # the engine's mean step (specd_step_seconds), whatever its stages
     late: float = float("nan")  # share of the engine's steps whose drafts the drafter did not deliver in time
     own: float = float("nan")  # share of the engine's steps its drafter link drafted from its own copy instead
-    stalls: str = "-"  # the verifier's steps over 10x their kind's median (specd_step_stalls_total) / its steps
+    stalls: int = 0  # the verifier's steps over 10x their kind's median (specd_step_stalls_total)
+    engine_steps: int = 0  # the verifier's steps (specd_step_seconds_count)
     forwards: dict[str, float] = field(default_factory=dict)  # forward passes by path: graph, piecewise, eager
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
 
@@ -181,7 +182,7 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     fallbacks, own = "specd_drafter_fallbacks_total", "specd_drafter_context_drafts_total"
     row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
     row.own = (after.get(own, 0) - before.get(own, 0)) / steps
-    row.stalls = f"{after.get('stalls', 0) - before.get('stalls', 0):.0f}/{steps:.0f}"
+    row.stalls, row.engine_steps = int(after.get("stalls", 0) - before.get("stalls", 0)), int(steps)
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
     row.forwards = {path: after.get(f"forwards {path}", 0) - before.get(f"forwards {path}", 0) for path in PATHS}
     first = "specd_verifier_time_to_first_token_seconds"
@@ -351,6 +352,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
         versus_engine = engine.get((r.clients, r.k))
         versus_plain = plain.get((r.label.split()[0], r.clients))
         cpu = "/".join(f"{r.cpu_us_per_token[s]:.0f}" for s in SERVICES) if r.cpu_us_per_token else "-"
+        stalls = f"{r.stalls}/{r.engine_steps}" if r.engine_steps else "-"
         stages = "/".join(f"{r.stage_ms.get(s, 0):.2f}" for s in ("propose", "score", "verify"))
         forwards = "/".join(f"{r.forwards.get(p, 0):.0f}" for p in PATHS) if r.forwards else "-"
         versus_hf = hf_best[min(r.k, 1)] if r.clients == 1 and r.label != "hf" else None
@@ -360,7 +362,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{r.tokens_per_second / versus_hf if versus_hf else float('nan'):>6.1f}"
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{r.verifier_ttft_ms:>9.1f}"
               f"{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
-              f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}{r.stalls:>13}"
+              f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}{stalls:>13}"
               f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}{r.own:>6.2f}{r.step_ms:>8.2f}  "
               f"{stages:<30}{cpu:>24}{forwards:>28}",
               flush=flush)

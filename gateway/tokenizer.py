@@ -90,8 +90,9 @@ def _eos_token_ids(model_path: Path, hf) -> tuple[int, ...]:
 def _tokenizer_class(model_path: Path):
     """The tokenizer class the checkpoint names (tokenizer_config.json's tokenizer_class), as AutoTokenizer would
     pick it, without AutoTokenizer's import of the model configurations, which imports torch: the gateway never
-    needs torch (a gateway process starts in a second instead of five, and holds about 200 MB less). A checkpoint that
-    names no class, or one transformers does not have, goes through AutoTokenizer."""
+    needs torch (without it a gateway process's imports and tokenizer take 2.4 s instead of about 7, and it holds
+    150 MB instead of 388: docs/BENCHMARKS.md round 34). A checkpoint that names no class, or one transformers does
+    not have, goes through AutoTokenizer."""
     config = model_path / "tokenizer_config.json"
     name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
     found = getattr(transformers, name, None) if isinstance(name, str) else None

@@ -82,24 +82,37 @@ stack() {  # stack TREE NAME ARGS...: this tree's bench.stack over the code in T
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
 }
 
+random_model() {  # random weights of the default model's shapes, with its real tokenizer (.device/model), once
+  [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+}
+
+trace_kernels() {  # one decode and one verify step's kernels (k = 4, CUDA graphs, batch 1), the default model's shapes
+  random_model
+  timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
+  echo "== kernels"; tail -n 40 "$OUT/kernels.log"
+}
+
+# The soak's command (the real weights, two verifiers sharing the GPU, 64 clients); SOAK_ARGS: more of its arguments
+# shellcheck disable=SC2206
+SOAK=(python3 -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes $((8 << 30)) --clients 64 ${SOAK_ARGS:-})
+
 for part in "$@"; do
   case $part in
     random)
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       stack . random --model /tmp/models/smollm2-135m --clients 1 16 64 256 --ks 0 --num-requests 256
-      timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
-      echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+      trace_kernels ;;
     pyspy)  # where each process of the stack spends a 256-client run (random weights, speculation off, 600
       # requests): py-spy over all of them (.device/tools/py_spy-*.whl), raw stacks with thread ids, idle included
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
       PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy.txt --" \
         LIMIT=300 stack . pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 600 --passes 3 --no-engine ;;
     steady)  # random weights, 64 and 256 clients, speculation off, 600 requests a run, twice: the stack beside its engine
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       LIMIT=${STACK_LIMIT:-400} stack . steady --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 600 --passes 2 ;;
     throughput)
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
     final)
       default_model || continue
@@ -107,7 +120,7 @@ for part in "$@"; do
     old) default_model || continue
       LIMIT=300 stack .device/old final_old --clients 1 16 64 256 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
     ab64)  # this tree and .device/old alternating, random weights, 64 clients, speculation off
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       for round in 1 2; do
         TAIL=3 LIMIT=120 stack . "ab64_new$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine
         TAIL=3 LIMIT=120 stack .device/old "ab64_old$round" --model /tmp/models/smollm2-135m --clients 64 --ks 0 --num-requests 256 --no-engine --port-offset 900
@@ -150,7 +163,7 @@ for part in "$@"; do
       rm -f "$OUT/sched.jsonl" "$OUT"/sched_*.stack.log; echo "== busiest threads"; tail -n 30 "$OUT/sched_summary.txt" ;;  # a call's files
     enginethread)  # the engine alone at 64 clients on the main thread and on a thread of its own, in turns, with
       # default torch threads and with OMP_NUM_THREADS=1 (random weights of the default model, k = 0, no stack)
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       for omp in default 1; do
         if [ "$omp" = 1 ]; then export OMP_NUM_THREADS=1; else unset OMP_NUM_THREADS; fi
         TAIL=8 LIMIT=200 stack . "enginethread_omp_$omp" --model /tmp/models/smollm2-135m --no-stack --engine-on both \
@@ -179,17 +192,12 @@ for part in "$@"; do
     piecetests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_piecewise_graphs.py \
         tests/gpu/test_graphs_and_engine.py 2>&1 | tee "$OUT/piecetests.log" | tail -15 ;;
     soak) default_model || continue  # 64 clients for SOAK_S seconds: the drafter killed, then a verifier restarted
-      # shellcheck disable=SC2086  # SOAK_ARGS: more bench.soak arguments
-      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" python3 -m bench.soak --device cuda \
-        --dtype bfloat16 --kv-cache-bytes $((8 << 30)) --clients 64 --duration "${SOAK_S:-420}" ${SOAK_ARGS:-} \
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" "${SOAK[@]}" --duration "${SOAK_S:-420}" \
         --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
-    kernels)  # one decode and one verify step's kernels (k = 4, CUDA graphs, batch 1), the default model's shapes
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
-      timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
-      echo "== kernels"; tail -n 40 "$OUT/kernels.log" ;;
+    kernels) trace_kernels ;;
     stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4
       LIMIT=${STACK_LIMIT:-400} stack . stalls --clients 1 16 --ks 4 --batch1-requests 500 --num-requests 500 \
         --passes 2 --draft-memory-scope global --no-engine
@@ -199,9 +207,7 @@ for part in "$@"; do
       LIMIT=${STACK_LIMIT:-240} stack . verifycost --clients 1 --ks 0 4 --batch1-requests 48 --passes 2 --no-engine ;;
     soak_bg) default_model || continue  # the soak in a session of its own, outliving this call (soak_wait collects)
       mkdir -p /tmp/soak
-      # shellcheck disable=SC2086  # SOAK_ARGS: more bench.soak arguments
-      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf setsid nohup python3 -m bench.soak --device cuda --dtype bfloat16 \
-        --kv-cache-bytes $((8 << 30)) --clients 64 --duration "${SOAK_S:-600}" ${SOAK_ARGS:-} \
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf setsid nohup "${SOAK[@]}" --duration "${SOAK_S:-600}" \
         --json /tmp/soak/soak.json > /tmp/soak/soak.log 2>&1 < /dev/null &
       echo $! > /tmp/soak/pid; echo "== soak started at $(date +%T)" ;;
     soak_wait)  # until the soak of soak_bg ends (or LIMIT s pass): its log and report
@@ -234,13 +240,13 @@ for part in "$@"; do
         --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part (exit $?)"; tail -n 7 "$OUT/$part.log" ;;
     dettrace)  # one batch-1 decode and verify step's kernels (graph replays), default mode then deterministic
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       for mode in "" --deterministic; do
         timeout 200 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph $mode > "$OUT/trace$mode.log" 2>&1
         echo "== trace $mode"; grep "kernels per step" "$OUT/trace$mode.log"
       done ;;
     prefill)
-      [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
+      random_model
       timeout 400 python3 -m bench.profile_step /tmp/models/smollm2-135m --prefill > "$OUT/prefill.log" 2>&1
       echo "== prefill"; grep -v "Warning\|warn" "$OUT/prefill.log" | tail -n 45 ;;
     real|old_real)

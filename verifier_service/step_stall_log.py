@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 class _Median:
     """The median of a kind's recent steps, refreshed every `refresh_steps` of them."""
 
-    def __init__(self, window: int, min_steps: int, refresh_steps: int) -> None:
+    def __init__(self, kind: str, window: int, min_steps: int, refresh_steps: int) -> None:
+        self.kind = kind
         self._recent: deque[float] = deque(maxlen=window)
         self.min_steps, self.refresh_steps = min_steps, refresh_steps
         self.value = 0.0
@@ -48,7 +49,8 @@ class StepStallLog:
     def __init__(self, factor: float = 10.0, window: int = 1024, min_steps: int = 100,
                  refresh_steps: int = 64, min_prompt_seconds: float = 0.1) -> None:
         self.factor, self.min_prompt_seconds = factor, min_prompt_seconds
-        self._medians = {kind: _Median(window, min_steps, refresh_steps) for kind in ("decode", "prompt")}
+        self._decode = _Median("decode", window, min_steps, refresh_steps)
+        self._prompt = _Median("prompt", window, min_steps, refresh_steps)
         self._last_fed_prompt = False
         self.num_stalls = 0
 
@@ -56,10 +58,8 @@ class StepStallLog:
         """Adds one step; True (and a log line) when it stalled."""
         prompt = step.num_prompt_tokens > 0 or self._last_fed_prompt
         self._last_fed_prompt = step.num_prompt_tokens > 0
-        kind = "prompt" if prompt else "decode"
-        median = self._medians[kind]
-        judged_by = kind if median.ready else "decode"  # too few prompt steps yet: the decode steps' median
-        judge = self._medians[judged_by]
+        median = self._prompt if prompt else self._decode
+        judge = median if median.ready else self._decode  # too few prompt steps yet: the decode steps' median
         floor = self.min_prompt_seconds if prompt else 0.0
         stalled = judge.ready and step.seconds > max(self.factor * judge.value, floor)
         if stalled:
@@ -68,7 +68,7 @@ class StepStallLog:
             logger.warning("slow engine step: %.2f ms against a median of %.2f ms (%s steps); forwards of %s tokens "
                            "(%d of a prompt), %d of them replayed a CUDA graph, %d the model's pieces; stages (ms): "
                            "%s; %d running, %d preempted",
-                           1000 * step.seconds, 1000 * judge.value, judged_by, step.forward_tokens,
+                           1000 * step.seconds, 1000 * judge.value, judge.kind, step.forward_tokens,
                            step.num_prompt_tokens, step.num_graph_replays, step.num_piecewise_replays, stages,
                            step.num_running, step.num_preemptions)
         median.add(step.seconds)

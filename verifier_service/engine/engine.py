@@ -275,10 +275,12 @@ class Engine:
 
     def _count_forward(self, batch: ScheduledBatch, path: str) -> None:
         """path: graph (a decode / verify step's CUDA graph), piecewise (engine/piecewise_graphs.py) or eager."""
-        step = self.step_stats.current
-        step.forward_tokens.append(batch.num_tokens)
-        step.num_prompt_tokens += batch.num_tokens - sum(1 + r.num_draft_tokens for r in batch.requests)
-        step.num_graph_replays += path == "graph"
+        step, num_tokens = self.step_stats.current, batch.num_tokens
+        step.forward_tokens.append(num_tokens)
+        if path == "graph":  # a decode / verify step's graph: no prompt chunk, and no count on the hot path
+            step.num_graph_replays += 1
+            return
+        step.num_prompt_tokens += num_tokens - sum(1 + r.num_draft_tokens for r in batch.requests)
         step.num_piecewise_replays += path == "piecewise"
 
     @timed_stage("verify")
