@@ -17,6 +17,7 @@ DRAFTER_STORE = "SPECD_DRAFTER_STORE"
 ONEDNN_LINEAR = "SPECD_ONEDNN_LINEAR"
 TRITON_VERIFY = "SPECD_TRITON_VERIFY"
 PDL = "SPECD_PDL"
+FEW_ROW_REDUCTIONS = "SPECD_FEW_ROW_REDUCTIONS"
 PIECEWISE_GRAPHS = "SPECD_PIECEWISE_GRAPHS"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
@@ -77,6 +78,12 @@ def triton_verify() -> bool:
 def pdl() -> bool:
     """Programmatic dependent launch on GPUs of compute capability 9 and up (off with "0")."""
     return _switched_on(PDL)
+
+
+def few_row_reductions() -> bool:
+    """Static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs as Triton reductions, not
+    cuBLAS (on with "1"; off by default until measured: verifier_service/model/compile.py)."""
+    return _get(FEW_ROW_REDUCTIONS) == "1"
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

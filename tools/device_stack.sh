@@ -35,6 +35,10 @@
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
+# timeline / timeline_real: the engine's own loop at one request, k = 0 and 4 (python -m bench.step_timeline): device
+#           busy and idle a step, the idle split by the host's stage; random weights of the default model's shapes /
+#           the real weights
+# fewrows : `timeline` with SPECD_FEW_ROW_REDUCTIONS=1, then without it
 # kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
 # stalls  : the real weights, drafter memory on, k = 4, 500 prompts twice at 1 and at 16 clients: the verifier's
 #           stalls (specd_step_stalls_total) and the slow steps it logged
@@ -198,6 +202,19 @@ for part in "$@"; do
     gputests) default_model || continue
       bash tools/device_run.sh tests ;;
     kernels) trace_kernels ;;
+    timeline | timeline_real)  # the engine's loop at one request, k = 0 / 4: a step's time beyond its kernels
+      if [ "$part" = timeline ]; then random_model; model=/tmp/models/smollm2-135m; else
+        default_model || continue; model=default; fi
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout 300 python3 -m bench.step_timeline --model "$model" \
+        --device cuda --ks 0 4 --steps 300 --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
+      echo "== $part"; grep -v Warning "$OUT/$part.log" | tail -n 24 ;;
+    fewrows)  # `timeline` with SPECD_FEW_ROW_REDUCTIONS=1 (its start-up time printed), then without (random weights)
+      random_model
+      for switch in 1 0; do
+        SPECD_FEW_ROW_REDUCTIONS=$switch timeout "$([ $switch = 1 ] && echo 400 || echo 150)" python3 -m bench.step_timeline \
+          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows$switch.json" > "$OUT/fewrows$switch.log" 2>&1
+        echo "== SPECD_FEW_ROW_REDUCTIONS=$switch (exit $?)"; grep -v Warning "$OUT/fewrows$switch.log" | tail -n 5
+      done ;;
     stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4
       LIMIT=${STACK_LIMIT:-400} stack . stalls --clients 1 16 --ks 4 --batch1-requests 500 --num-requests 500 \
         --passes 2 --draft-memory-scope global --no-engine

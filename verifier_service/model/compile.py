@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from specd import environment
 from verifier_service.kernels import pdl
 from verifier_service.model.decoder import CausalLM
 
@@ -52,8 +53,56 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # weights from HBM: it picked Triton templates up to 2x slower there than cuBLAS (docs/BENCHMARKS_ARCHIVE.md
 # round 7, H100, Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and
 # picked differently from one machine to the next.
+# But a cuBLAS kernel launches without PDL: each of a batch-1 k = 4 step's 120 GEMMs (4 a layer) leaves the GPU idle
+# while the next kernel launches, and in the engine's loop that step's device time is 1.44-1.48x a decode step's on
+# the default model's shapes (H200, docs/BENCHMARKS.md round 35), where its kernels' own times sum to 1.09x.
+# SPECD_FEW_ROW_REDUCTIONS=1 computes them as reductions instead, as Inductor does one-row GEMMs (_few_rows_backend):
+# not yet measured; its start-up (every width's graphs compiled and tuned) took over 300 s in its one try.
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
+FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes as a reduction
+
+
+def _mm_as_reduction(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for a of a few rows as one multiply-and-sum, in float32 at least (as Inductor decomposes a one-row GEMM):
+    one Triton reduction kernel, fused with its neighbours, launched with PDL like the rest of the region."""
+    if a.shape[0] > FEW_ROWS_MAX:
+        return NotImplemented
+    return _product_sum(a, b).to(a.dtype)
+
+
+def _addmm_as_reduction(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
+    if a.shape[0] > FEW_ROWS_MAX or beta != 1 or alpha != 1:
+        return NotImplemented
+    return (bias.to(_accumulator(a)) + _product_sum(a, b)).to(a.dtype)
+
+
+def _product_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    accumulator = _accumulator(a)
+    return (a.to(accumulator).unsqueeze(2) * b.to(accumulator).unsqueeze(0)).sum(dim=1)
+
+
+def _accumulator(a: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(a.dtype, torch.float32)
+
+
+def few_rows_decompositions() -> dict:
+    """Inductor's decompositions, with GEMMs of at most FEW_ROWS_MAX rows as reductions."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    return {**select_decomp_table(), aten.mm.default: _mm_as_reduction, aten.addmm.default: _addmm_as_reduction}
+
+
+def _few_rows_backend(options: dict):
+    """Inductor with `options` and few_rows_decompositions()."""
+    from torch._inductor.compile_fx import compile_fx
+
+    table = few_rows_decompositions()
+
+    def backend(graph, example_inputs):
+        return compile_fx(graph, example_inputs, config_patches=options, decompositions=table)
+    return backend
 
 
 def _compiled(method, static_token_counts: set[int], device: torch.device):
@@ -69,7 +118,10 @@ def _compiled(method, static_token_counts: set[int], device: torch.device):
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
     dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
     one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
-    few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
+    if environment.few_row_reductions():
+        few_rows = torch.compile(method, dynamic=False, fullgraph=True, backend=_few_rows_backend(_FEW_ROWS | launch))
+    else:
+        few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
 
     def run(hidden: torch.Tensor, *args):
         tokens = hidden.shape[0]
