@@ -1,6 +1,7 @@
 """The engine's own loop, step by step, at one request: what a step costs beyond its forward's kernels.
 
-    python -m bench.step_timeline [--model DIR] [--device cuda] [--ks 0 4] [--steps 300] [--out timeline.json]
+    python -m bench.step_timeline [--model DIR] [--device cuda] [--ks 0 4] [--steps 300] [--out timeline.json] \
+        [-- VERIFIER OPTIONS]
 
 For each k, one request (an instruction prompt, greedy, ignore_eos, long enough for every step timed) runs in the
 engine as the verifier builds it (its engine config from `specd verifier`'s defaults: CUDA graphs and async
@@ -26,7 +27,7 @@ import torch
 STAGES = ("_schedule", "_propose", "_collect_ahead", "_ask_ahead", "_launch", "_collect", "_update")
 
 
-def build_engine(model: str, device: str):
+def build_engine(model: str, device: str, verifier_args: list[str] = ()):
     """The verifier's engine for `model`, its proposer the drafter's rule in this process (memory off)."""
     from drafter_service.config import DrafterConfig
     from drafter_service.local import LocalProposer
@@ -37,7 +38,8 @@ def build_engine(model: str, device: str):
     from verifier_service.engine.warm_up import warm_up
     from verifier_service.runners import build_model_runner
 
-    options = options_from_args(build_parser().parse_args(["verifier", "--model", model, "--device", device]))
+    options = options_from_args(build_parser().parse_args(["verifier", "--model", model, "--device", device,
+                                                                  *verifier_args]))
     config = verifier_config_from_options(options).engine
     engine = Engine(config, LocalProposer(DrafterConfig(memory_scope="off")), build_model_runner(config, drafts=True))
     warm_up(engine)
@@ -152,9 +154,10 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 4])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", default="timeline.json")
+    parser.add_argument("verifier_args", nargs="*", help="more `specd verifier` options, after --")
     args = parser.parse_args()
     started = time.perf_counter()
-    engine, timers = build_engine(args.model, args.device), Timers()
+    engine, timers = build_engine(args.model, args.device, args.verifier_args), Timers()
     print(f"engine built and warmed up in {time.perf_counter() - started:.1f} s", flush=True)
     timers.wrap(engine)
     prompt = prompt_ids(args.model)

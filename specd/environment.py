@@ -80,10 +80,12 @@ def pdl() -> bool:
     return _switched_on(PDL)
 
 
-def few_row_reductions() -> bool:
-    """Static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs as Triton reductions, not
-    cuBLAS (on with "1"; off by default until measured: verifier_service/model/compile.py)."""
-    return _get(FEW_ROW_REDUCTIONS) == "1"
+def few_row_reductions() -> str | None:
+    """Whether static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs as Triton reductions,
+    not cuBLAS: "1" (tuned by coordinate descent, as one-row GEMMs are) or "untuned"; None (the default, until
+    measured): cuBLAS (verifier_service/model/compile.py)."""
+    value = _get(FEW_ROW_REDUCTIONS)
+    return value if value in ("1", "untuned") else None
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

@@ -38,7 +38,7 @@
 # timeline / timeline_real: the engine's own loop at one request, k = 0 and 4 (python -m bench.step_timeline): device
 #           busy and idle a step, the idle split by the host's stage; random weights of the default model's shapes /
 #           the real weights
-# fewrows : `timeline` with SPECD_FEW_ROW_REDUCTIONS=1, then without it
+# fewrows : `timeline` with SPECD_FEW_ROW_REDUCTIONS=${FEWROWS:-untuned}, then without it
 # kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
 # stalls  : the real weights, drafter memory on, k = 4, 500 prompts twice at 1 and at 16 clients: the verifier's
 #           stalls (specd_step_stalls_total) and the slow steps it logged
@@ -208,11 +208,12 @@ for part in "$@"; do
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout 300 python3 -m bench.step_timeline --model "$model" \
         --device cuda --ks 0 4 --steps 300 --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part"; grep -v Warning "$OUT/$part.log" | tail -n 24 ;;
-    fewrows)  # `timeline` with SPECD_FEW_ROW_REDUCTIONS=1 (its start-up time printed), then without (random weights)
+    fewrows)  # `timeline` with SPECD_FEW_ROW_REDUCTIONS=FEWROWS (untuned), its start-up printed, then without (random weights)
       random_model
-      for switch in 1 0; do
-        SPECD_FEW_ROW_REDUCTIONS=$switch timeout "$([ $switch = 1 ] && echo 400 || echo 150)" python3 -m bench.step_timeline \
-          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows$switch.json" > "$OUT/fewrows$switch.log" 2>&1
+      for switch in "${FEWROWS:-untuned}" ${FEWROWS_BASE-0}; do
+        SPECD_FEW_ROW_REDUCTIONS=$switch timeout "$([ "$switch" = 0 ] && echo 150 || echo 400)" python3 -m bench.step_timeline \
+          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows$switch.json" \
+          -- ${FEWROWS_ARGS:-} > "$OUT/fewrows$switch.log" 2>&1
         echo "== SPECD_FEW_ROW_REDUCTIONS=$switch (exit $?)"; grep -v Warning "$OUT/fewrows$switch.log" | tail -n 5
       done ;;
     stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4

@@ -56,8 +56,8 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # But a cuBLAS kernel launches without PDL: each of a batch-1 k = 4 step's 120 GEMMs (4 a layer) leaves the GPU idle
 # while the next kernel launches, and in the engine's loop that step's device time is 1.44-1.48x a decode step's on
 # the default model's shapes (H200, docs/BENCHMARKS.md round 35), where its kernels' own times sum to 1.09x.
-# SPECD_FEW_ROW_REDUCTIONS=1 computes them as reductions instead, as Inductor does one-row GEMMs (_few_rows_backend):
-# not yet measured; its start-up (every width's graphs compiled and tuned) took over 300 s in its one try.
+# SPECD_FEW_ROW_REDUCTIONS=1 computes them as reductions instead, as Inductor does one-row GEMMs (_few_rows_backend),
+# =untuned without coordinate-descent tuning: not yet measured; with tuning, start-up took over 300 s in its one try.
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
 FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes as a reduction
@@ -118,8 +118,11 @@ def _compiled(method, static_token_counts: set[int], device: torch.device):
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
     dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
     one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
-    if environment.few_row_reductions():
-        few_rows = torch.compile(method, dynamic=False, fullgraph=True, backend=_few_rows_backend(_FEW_ROWS | launch))
+    reductions = environment.few_row_reductions()
+    if reductions is not None:
+        tuning = {"coordinate_descent_tuning": reductions != "untuned"}
+        few_rows = torch.compile(method, dynamic=False, fullgraph=True,
+                                 backend=_few_rows_backend(_FEW_ROWS | launch | tuning))
     else:
         few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
 
