@@ -232,9 +232,10 @@ def _drafter_client(config):
         from drafter_service.link import DrafterLink  # the client's threads away from the engine's interpreter
 
         return DrafterLink(config.drafter_addr, tls=config.drafter_tls)
-    from drafter_service.client import DrafterClient  # a synchronous engine waits for the drafter anyway
+    from drafter_service.client import DrafterClient
+    from drafter_service.context_first import ContextFirstProposer  # waits for the service only where its memory drafts
 
-    return DrafterClient(config.drafter_addr, tls=config.drafter_tls)
+    return ContextFirstProposer(DrafterClient(config.drafter_addr, tls=config.drafter_tls))
 
 
 def _serve_pipe(conn: Connection, engine_loop, send) -> None:

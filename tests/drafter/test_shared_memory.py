@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drafter_service.config import DrafterConfig
-from support.drafter_servers import ThreadedDrafter
+from support.drafter_servers import ThreadedDrafter, connected
 from drafter_service.client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
 
@@ -21,20 +21,6 @@ OTHER_PROMPT = [7, 8]
 
 def config(scope: str) -> DrafterConfig:
     return DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, memory_scope=scope)
-
-
-def connected(address: str) -> DrafterClient:
-    """A client whose stream is up (it connects in the background)."""
-    client = DrafterClient(address, timeout_s=5.0)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        fallbacks = client.num_fallbacks
-        client.propose([DraftRequest("probe", [0, 0], 1)])
-        if client.num_fallbacks == fallbacks:
-            client.release(["probe"])
-            return client
-        time.sleep(0.02)  # not connected yet: nothing to await, the connection thread retries
-    raise TimeoutError("the drafter client never got an answer")
 
 
 def finish(client: DrafterClient, request_id: str, tenant: str = "") -> None:

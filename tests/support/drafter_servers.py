@@ -12,6 +12,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.local_stack import free_port
+from drafter_service.batch import DraftRequest
+from drafter_service.client import DrafterClient
 from drafter_service.config import DrafterConfig
 from drafter_service.drafter import Drafter
 from drafter_service.server import build_server
@@ -82,3 +84,17 @@ def start_drafter_process(port: int) -> subprocess.Popen:
         process.kill()
         raise
     return process
+
+
+def connected(address: str) -> DrafterClient:
+    """A client whose stream is up (it connects in the background)."""
+    client = DrafterClient(address, timeout_s=5.0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        fallbacks = client.num_fallbacks
+        client.propose([DraftRequest("probe", [0, 0], 1)])
+        if client.num_fallbacks == fallbacks:
+            client.release(["probe"])
+            return client
+        time.sleep(0.02)  # not connected yet: nothing to await, the connection thread retries
+    raise TimeoutError("the drafter client never got an answer")

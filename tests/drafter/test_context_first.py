@@ -1,0 +1,86 @@
+"""The synchronous engine's proposer (drafter_service/context_first.py) over a real drafter on loopback: each step's
+drafts come from the requests' own contexts at once; the service is waited for only where its memory of earlier
+outputs has been drafting something else, and then its memory's drafts are the step's."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from drafter_service.batch import DraftRequest
+from drafter_service.client import DrafterClient
+from drafter_service.context_first import ContextFirstProposer
+from drafter_service.config import DrafterConfig
+from bench.local_stack import free_port
+from support.drafter_servers import ThreadedDrafter, connected
+
+pytestmark = pytest.mark.timeout(60)
+
+A_FORWARD_S = 0.5  # what a CPU forward gives the service's answer to come in (50-100 ms there), with room to spare
+
+
+PROMPT, OUTPUT, OTHER_PROMPT = [1, 2, 3], list(range(100, 112)), [7, 8]
+
+
+def config(scope: str) -> DrafterConfig:
+    return DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, memory_scope=scope)
+
+
+def finish(client: DrafterClient, request_id: str) -> None:
+    """A request served by another verifier: its context sent step by step, then released (its output remembered)."""
+    context = PROMPT + OUTPUT[:1]
+    for token in OUTPUT[1:]:
+        client.propose([DraftRequest(request_id, context, 4)])
+        context.append(token)
+    client.propose([DraftRequest(request_id, context, 0)])
+    client.release([request_id])
+    client.propose([DraftRequest("barrier", [0], 1)])  # the stream is ordered: the release is applied now
+
+
+def test_a_context_that_repeats_itself_drafts_from_its_own_copy_and_the_service_agrees():
+    tokens = [5, 6, 7, 8, 5, 6]
+    with ThreadedDrafter(config("off")) as drafter:
+        client = connected(drafter.address)
+        proposer = ContextFirstProposer(client)
+        try:
+            first = proposer.propose([DraftRequest("a", tokens, 4)])
+            time.sleep(A_FORWARD_S)
+            fallbacks = proposer.num_fallbacks
+            second = proposer.propose([DraftRequest("a", tokens + [7], 4)])
+            time.sleep(A_FORWARD_S)
+            proposer.release(["a"])
+        finally:
+            client.close()
+    assert first == {"a": [7, 8, 5, 6]} and second == {"a": [8, 5, 6, 7]}
+    assert proposer.num_fallbacks == fallbacks  # the service answered the first step, and then the second
+    assert proposer.num_context_drafts == 0  # no step waited for it: it never drafted otherwise
+
+
+def test_the_memory_drafts_a_step_after_the_service_says_so_and_the_steps_wait_for_it_while_it_does():
+    with ThreadedDrafter(config("global")) as drafter:
+        other_verifier, client = connected(drafter.address), connected(drafter.address)
+        proposer = ContextFirstProposer(client)
+        try:
+            finish(other_verifier, "earlier")  # its output is in the memory now
+            context = OTHER_PROMPT + OUTPUT[:6]  # nothing in it repeats: only the memory drafts
+            first = proposer.propose([DraftRequest("b", context, 4)])
+            time.sleep(A_FORWARD_S)
+            second = proposer.propose([DraftRequest("b", context + OUTPUT[6:7], 4)])
+            third = proposer.propose([DraftRequest("b", context + OUTPUT[6:8], 4)])
+        finally:
+            other_verifier.close()
+            client.close()
+    assert first == {"b": []}  # the own copy's drafts, at once: the service's answer comes after
+    assert second == {"b": OUTPUT[7:11]} and third == {"b": OUTPUT[8:12]}  # waited for: the memory's
+
+
+def test_a_dead_service_leaves_the_own_drafts():
+    client = DrafterClient(f"127.0.0.1:{free_port()}", timeout_s=0.05)  # nothing listens there
+    proposer = ContextFirstProposer(client)
+    try:
+        assert proposer.propose([DraftRequest("a", [1, 2, 3, 1, 2], 4)]) == {"a": [3, 1, 2, 3]}
+        assert proposer.propose([DraftRequest("a", [1, 2, 3, 1, 2, 3], 4)]) == {"a": [1, 2, 3, 1]}
+        proposer.propose([DraftRequest("a", [1, 2, 3, 1, 2, 3, 1], 4)])  # reads (misses) the second step's answer
+    finally:
+        client.close()
+    assert proposer.num_fallbacks == 2  # both steps missed the service (and were drafted all the same)
