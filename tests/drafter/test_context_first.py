@@ -67,11 +67,16 @@ def test_the_memory_drafts_a_step_after_the_service_says_so_and_the_steps_wait_f
             time.sleep(A_FORWARD_S)
             second = proposer.propose([DraftRequest("b", context + OUTPUT[6:7], 4)])
             third = proposer.propose([DraftRequest("b", context + OUTPUT[6:8], 4)])
+            proposer.release(["b"])
+            again = proposer.propose([DraftRequest("c", context, 4)])
         finally:
             other_verifier.close()
             client.close()
     assert first == {"b": []}  # the own copy's drafts, at once: the service's answer comes after
-    assert second == {"b": OUTPUT[7:11]} and third == {"b": OUTPUT[8:12]}  # waited for: the memory's
+    # The next step shows the service's drafts would have had a token accepted, the own ones none: from then on the
+    # steps wait for the service, and its memory's drafts are theirs.
+    assert second == {"b": OUTPUT[7:11]} and third == {"b": OUTPUT[8:12]}
+    assert again == {"c": OUTPUT[6:10]}  # a service that remembers is waited for at a request's first step
 
 
 def test_a_dead_service_leaves_the_own_drafts():
