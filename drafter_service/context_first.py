@@ -75,13 +75,12 @@ class ContextFirstProposer:
         own = self.own.propose(requests)
         pending = self.service.begin_propose(requests)
         wanted = [r for r in requests if r.draft_limit > 0]
-        waited = self.service_remembers and (any(r.request_id not in self._drafted for r in wanted)  # first steps
-                                             or self._gain_rate * self._step_s > self._wait_s)
-        waited = waited or any(r.request_id in self._waiting for r in wanted)
+        waited = bool(wanted) and self._worth_waiting(wanted)
         service = None
         if waited:
+            asked = time.monotonic()
             service = self._answer(pending, wait=True)
-            self._wait_s += (time.monotonic() - now - self._wait_s) / RATE_STEPS
+            self._wait_s += (time.monotonic() - asked - self._wait_s) / RATE_STEPS
             self.num_context_drafts += service is None
         else:
             self._unread = (pending, wanted)
@@ -89,6 +88,12 @@ class ContextFirstProposer:
             self._drafted[r.request_id] = _Drafted(len(r.token_ids), own.get(r.request_id, []),
                                                    None if service is None else service.get(r.request_id, []), waited)
         return own if service is None else service
+
+    def _worth_waiting(self, wanted: list[DraftRequest]) -> bool:
+        if any(r.request_id in self._waiting for r in wanted):
+            return True
+        return self.service_remembers and (any(r.request_id not in self._drafted for r in wanted)  # first steps
+                                           or self._gain_rate * self._step_s > self._wait_s)
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.own.release(request_ids)

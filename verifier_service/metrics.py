@@ -73,8 +73,8 @@ class VerifierMetrics:
                                          "own contexts instead).")
         self.drafter_context_drafts = counter("drafter_context_drafts",
                                               "Steps the drafter's answer missed that the verifier drafted from the "
-                                              "requests' own contexts instead (its drafter link's copy of them; "
-                                              "no memory of earlier outputs).")
+                                              "requests' own contexts instead (the verifier's own copy of them, "
+                                              "the drafter link's on CUDA; no memory of earlier outputs).")
         self.steps_scheduled_ahead = counter("steps_scheduled_ahead",
                                              "Steps that launched the next step before their own tokens reached "
                                              "the host (async scheduling).")
