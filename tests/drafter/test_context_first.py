@@ -16,7 +16,13 @@ from support.drafter_servers import ThreadedDrafter, connected
 
 pytestmark = pytest.mark.timeout(60)
 
-A_FORWARD_S = 0.5  # what a CPU forward gives the service's answer to come in (50-100 ms there), with room to spare
+
+
+def forward(client: DrafterClient, timeout: float = 10.0) -> None:
+    """What a CPU forward (50-100 ms) gives the service's answer: time to come in (here until it has)."""
+    deadline = time.monotonic() + timeout
+    while client._replies.empty() and time.monotonic() < deadline:  # noqa: SLF001 - the reply queue
+        time.sleep(0.01)
 
 
 PROMPT, OUTPUT, OTHER_PROMPT = [1, 2, 3], list(range(100, 112)), [7, 8]
@@ -44,10 +50,10 @@ def test_a_context_that_repeats_itself_drafts_from_its_own_copy_and_the_service_
         proposer = ContextFirstProposer(client)
         try:
             first = proposer.propose([DraftRequest("a", tokens, 4)])
-            time.sleep(A_FORWARD_S)
+            forward(client)
             fallbacks = proposer.num_fallbacks
             second = proposer.propose([DraftRequest("a", tokens + [7], 4)])
-            time.sleep(A_FORWARD_S)
+            forward(client)
             proposer.release(["a"])
         finally:
             client.close()
@@ -64,7 +70,7 @@ def test_the_memory_drafts_a_step_after_the_service_says_so_and_the_steps_wait_f
             finish(other_verifier, "earlier")  # its output is in the memory now
             context = OTHER_PROMPT + OUTPUT[:6]  # nothing in it repeats: only the memory drafts
             first = proposer.propose([DraftRequest("b", context, 4)])
-            time.sleep(A_FORWARD_S)
+            forward(client)
             second = proposer.propose([DraftRequest("b", context + OUTPUT[6:7], 4)])
             third = proposer.propose([DraftRequest("b", context + OUTPUT[6:8], 4)])
             proposer.release(["b"])
