@@ -212,13 +212,11 @@ def _num_requests(args, clients: int) -> int:
     return max(args.num_requests, 2 * clients) if clients > 1 else args.batch1_requests
 
 
-def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[Row]:
-    """The engine alone in this process, closed loop, on the stack's requests (the gateway's tokenization)."""
+def verifier_engine(verifier_options: list[str], draft_memory_scope: str = "off"):
+    """The engine `specd verifier VERIFIER_OPTIONS` runs, warmed up, with the drafter's rule in this process."""
     from drafter_service.config import DrafterConfig
     from drafter_service.local import LocalProposer
-    from gateway.tokenizer import Tokenizer
     from specd_cli.main import build_parser
-    from specd.default_model import resolve_model_path
     from specd.options import options_from_args
     from verifier_service.config import verifier_config_from_options
     from verifier_service.engine.engine import Engine
@@ -228,14 +226,23 @@ def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[R
 
     options = options_from_args(build_parser().parse_args(["verifier", *verifier_options]))
     config = verifier_config_from_options(options).engine
+    engine = Engine(config, LocalProposer(DrafterConfig(memory_scope=draft_memory_scope)),
+                    build_model_runner(config, drafts=True))
+    warm_up(engine)
+    freeze_start_up_objects()
+    return engine
+
+
+def engine_runs(args, prompts: list[str], verifier_options: list[str]) -> list[Row]:
+    """The engine alone in this process, closed loop, on the stack's requests (the gateway's tokenization)."""
+    from gateway.tokenizer import Tokenizer
+    from specd.default_model import resolve_model_path
+
     tokenizer = Tokenizer(resolve_model_path(args.model))
     prompt_ids = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in prompts]
     # One engine for every run, each request asking its k, as the stack's one verifier serves them (its prefix
     # cache and the drafter's memory carry over from run to run alike).
-    engine = Engine(config, LocalProposer(DrafterConfig(memory_scope=args.draft_memory_scope)),
-                    build_model_runner(config, drafts=True))
-    warm_up(engine)
-    freeze_start_up_objects()
+    engine = verifier_engine(verifier_options, args.draft_memory_scope)
     rows = []
     for clients in args.clients:
         for k in args.ks:

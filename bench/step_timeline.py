@@ -27,25 +27,6 @@ import torch
 STAGES = ("_schedule", "_propose", "_collect_ahead", "_ask_ahead", "_launch", "_collect", "_update")
 
 
-def build_engine(model: str, device: str, verifier_args: list[str] = ()):
-    """The verifier's engine for `model`, its proposer the drafter's rule in this process (memory off)."""
-    from drafter_service.config import DrafterConfig
-    from drafter_service.local import LocalProposer
-    from specd.options import options_from_args
-    from specd_cli.main import build_parser
-    from verifier_service.config import verifier_config_from_options
-    from verifier_service.engine.engine import Engine
-    from verifier_service.engine.warm_up import warm_up
-    from verifier_service.runners import build_model_runner
-
-    options = options_from_args(build_parser().parse_args(["verifier", "--model", model, "--device", device,
-                                                                  *verifier_args]))
-    config = verifier_config_from_options(options).engine
-    engine = Engine(config, LocalProposer(DrafterConfig(memory_scope="off")), build_model_runner(config, drafts=True))
-    warm_up(engine)
-    return engine
-
-
 def prompt_ids(model: str) -> list[int]:
     from bench.instruction_prompts import instruction_prompts
     from gateway.tokenizer import Tokenizer
@@ -157,7 +138,10 @@ def main() -> None:
     parser.add_argument("verifier_args", nargs="*", help="more `specd verifier` options, after --")
     args = parser.parse_args()
     started = time.perf_counter()
-    engine, timers = build_engine(args.model, args.device, args.verifier_args), Timers()
+    from bench.stack import verifier_engine
+
+    engine = verifier_engine(["--model", args.model, "--device", args.device, *args.verifier_args])
+    timers = Timers()
     print(f"engine built and warmed up in {time.perf_counter() - started:.1f} s", flush=True)
     timers.wrap(engine)
     prompt = prompt_ids(args.model)

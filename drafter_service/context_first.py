@@ -12,9 +12,9 @@ are the accepted drafts and one more. A request whose service drafts would have 
 its steps wait for the service's answer from then on, until PATIENCE waited steps in a row gain nothing. Once the
 service has gained anything (its memory is on), each request's first step waits for it too (a repeated prompt's
 output is in the memory from its first token on), and so does every step while the running share of steps in which
-its drafts gained, times the step's time, outweighs the wait: a gain found a step late costs about a step. Drafting from the service's answer to the step
-before instead (round 33) lost a tenth of the memory's tokens a step: after each rejected draft that answer no
-longer fits.
+its drafts gained, times the step's time, outweighs the wait: a gain found a step late costs about a step. Drafting
+from the service's answer to the step before instead (round 33) lost a tenth of the memory's tokens a step: after
+each rejected draft that answer no longer fits.
 
 Like every proposer it never raises for the service: a dead, late or erroring service leaves the own drafts.
 """
@@ -34,7 +34,7 @@ PATIENCE = 8
 RATE_STEPS = 32  # the steps the running means of the gain rate, the wait and the step time weigh most
 
 
-@dataclass
+@dataclass(slots=True)
 class _Drafted:
     """One request's drafts at a step, judged when the next step shows what it emitted."""
 

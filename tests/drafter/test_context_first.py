@@ -1,6 +1,6 @@
 """The synchronous engine's proposer (drafter_service/context_first.py) over a real drafter on loopback: each step's
-drafts come from the requests' own contexts at once; the service is waited for only where its memory of earlier
-outputs has been drafting something else, and then its memory's drafts are the step's."""
+drafts come from the requests' own contexts at once; the service is waited for only where its drafts (its memory of
+earlier outputs) have been beating the own ones, and then its memory's drafts are the step's."""
 from __future__ import annotations
 
 import time
@@ -12,10 +12,9 @@ from drafter_service.client import DrafterClient
 from drafter_service.context_first import ContextFirstProposer
 from drafter_service.config import DrafterConfig
 from bench.local_stack import free_port
-from support.drafter_servers import ThreadedDrafter, connected
+from support.drafter_servers import SERVED_OUTPUT as OUTPUT, ThreadedDrafter, connected, serve_and_release
 
 pytestmark = pytest.mark.timeout(60)
-
 
 
 def forward(client: DrafterClient, timeout: float = 10.0) -> None:
@@ -25,22 +24,11 @@ def forward(client: DrafterClient, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-PROMPT, OUTPUT, OTHER_PROMPT = [1, 2, 3], list(range(100, 112)), [7, 8]
+OTHER_PROMPT = [7, 8]
 
 
 def config(scope: str) -> DrafterConfig:
     return DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, memory_scope=scope)
-
-
-def finish(client: DrafterClient, request_id: str) -> None:
-    """A request served by another verifier: its context sent step by step, then released (its output remembered)."""
-    context = PROMPT + OUTPUT[:1]
-    for token in OUTPUT[1:]:
-        client.propose([DraftRequest(request_id, context, 4)])
-        context.append(token)
-    client.propose([DraftRequest(request_id, context, 0)])
-    client.release([request_id])
-    client.propose([DraftRequest("barrier", [0], 1)])  # the stream is ordered: the release is applied now
 
 
 def test_a_context_that_repeats_itself_drafts_from_its_own_copy_and_the_service_agrees():
@@ -67,7 +55,7 @@ def test_the_memory_drafts_a_step_after_the_service_says_so_and_the_steps_wait_f
         other_verifier, client = connected(drafter.address), connected(drafter.address)
         proposer = ContextFirstProposer(client)
         try:
-            finish(other_verifier, "earlier")  # its output is in the memory now
+            serve_and_release(other_verifier, "earlier")  # its output is in the memory now
             context = OTHER_PROMPT + OUTPUT[:6]  # nothing in it repeats: only the memory drafts
             first = proposer.propose([DraftRequest("b", context, 4)])
             forward(client)

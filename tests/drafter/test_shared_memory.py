@@ -2,36 +2,24 @@
 produced drafts the other's, within the memory's scope, and the drafter's metrics say where drafts came from."""
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drafter_service.config import DrafterConfig
-from support.drafter_servers import ThreadedDrafter, connected
+from support.drafter_servers import SERVED_OUTPUT, SERVED_PROMPT, ThreadedDrafter, connected, serve_and_release
 from drafter_service.client import DrafterClient
 from verifier_service.engine.proposer import DraftRequest
 
 pytestmark = pytest.mark.timeout(60)
 
-PROMPT, OUTPUT = [1, 2, 3], list(range(100, 112))
+PROMPT, OUTPUT = SERVED_PROMPT, SERVED_OUTPUT
 OTHER_PROMPT = [7, 8]
 
 
 def config(scope: str) -> DrafterConfig:
     return DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, memory_scope=scope)
-
-
-def finish(client: DrafterClient, request_id: str, tenant: str = "") -> None:
-    """A request served by this verifier: drafted step by step, then released (its output remembered)."""
-    context = PROMPT + OUTPUT[:1]
-    for token in OUTPUT[1:]:
-        client.propose([DraftRequest(request_id, context, 4, tenant_key=tenant)])
-        context.append(token)
-    client.propose([DraftRequest(request_id, context, 0, tenant_key=tenant)])
-    client.release([request_id])
-    client.propose([DraftRequest("barrier", [0], 1)])  # the stream is ordered: the release is applied now
 
 
 def starts_the_same_answer(client: DrafterClient, request_id: str, tenant: str = "") -> list[int]:
@@ -59,7 +47,7 @@ def test_a_request_on_one_verifier_drafts_from_what_another_verifier_produced():
         verifier_a, verifier_b = connected(drafter.address), connected(drafter.address)
         try:
             assert starts_the_same_answer(verifier_b, "before") == []
-            finish(verifier_a, "a-1")
+            serve_and_release(verifier_a, "a-1")
             assert starts_the_same_answer(verifier_b, "b-1") == OUTPUT[6:10]
             exposed = metrics(drafter)
         finally:
@@ -75,7 +63,7 @@ def test_per_key_scope_keeps_tenants_apart_across_verifiers():
     with ThreadedDrafter(config("per-key")) as drafter:
         verifier_a, verifier_b = connected(drafter.address), connected(drafter.address)
         try:
-            finish(verifier_a, "alice-1", tenant="alice")
+            serve_and_release(verifier_a, "alice-1", tenant="alice")
             assert starts_the_same_answer(verifier_b, "bob-1", tenant="bob") == []
             assert starts_the_same_answer(verifier_b, "anonymous-1") == []
             assert starts_the_same_answer(verifier_b, "alice-2", tenant="alice") == OUTPUT[6:10]

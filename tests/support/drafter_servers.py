@@ -98,3 +98,19 @@ def connected(address: str) -> DrafterClient:
             return client
         time.sleep(0.02)  # not connected yet: nothing to await, the connection thread retries
     raise TimeoutError("the drafter client never got an answer")
+
+
+# A request another verifier served: its prompt and output, remembered by a drafter with memory once released.
+SERVED_PROMPT, SERVED_OUTPUT = [1, 2, 3], list(range(100, 112))
+
+
+def serve_and_release(client: DrafterClient, request_id: str, tenant: str = "") -> None:
+    """SERVED_PROMPT + SERVED_OUTPUT as a verifier serves a request: drafted step by step, then released (its output
+    remembered)."""
+    context = SERVED_PROMPT + SERVED_OUTPUT[:1]
+    for token in SERVED_OUTPUT[1:]:
+        client.propose([DraftRequest(request_id, context, 4, tenant_key=tenant)])
+        context.append(token)
+    client.propose([DraftRequest(request_id, context, 0, tenant_key=tenant)])
+    client.release([request_id])
+    client.propose([DraftRequest("barrier", [0], 1)])  # the stream is ordered: the release is applied now
