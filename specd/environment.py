@@ -17,7 +17,7 @@ DRAFTER_STORE = "SPECD_DRAFTER_STORE"
 ONEDNN_LINEAR = "SPECD_ONEDNN_LINEAR"
 TRITON_VERIFY = "SPECD_TRITON_VERIFY"
 PDL = "SPECD_PDL"
-FEW_ROW_REDUCTIONS = "SPECD_FEW_ROW_REDUCTIONS"
+FEW_ROW_GEMMS = "SPECD_FEW_ROW_GEMMS"
 PIECEWISE_GRAPHS = "SPECD_PIECEWISE_GRAPHS"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
@@ -80,12 +80,17 @@ def pdl() -> bool:
     return _switched_on(PDL)
 
 
-def few_row_reductions() -> str | None:
-    """Whether static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs as Triton reductions,
-    not cuBLAS: "1" (tuned by coordinate descent, as one-row GEMMs are) or "untuned"; None (the default, until
-    measured): cuBLAS (verifier_service/model/compile.py)."""
-    value = _get(FEW_ROW_REDUCTIONS)
-    return value if value in ("1", "untuned") else None
+FEW_ROW_GEMM_KINDS = ("cublas", "triton", "reductions")
+
+
+def few_row_gemms() -> str:
+    """How static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs on CUDA: "cublas" (the
+    default), "triton" (one fixed-tile Triton GEMM launched with PDL) or "reductions" (multiply-and-sum reductions,
+    untuned) (verifier_service/model/compile.py)."""
+    value = _get(FEW_ROW_GEMMS) or "cublas"
+    if value not in FEW_ROW_GEMM_KINDS:
+        raise ValueError(f"{FEW_ROW_GEMMS}={value!r}: expected one of {', '.join(FEW_ROW_GEMM_KINDS)}")
+    return value
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

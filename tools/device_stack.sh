@@ -38,7 +38,9 @@
 # timeline / timeline_real: the engine's own loop at one request, k = 0 and 4 (python -m bench.step_timeline): device
 #           busy and idle a step, the idle split by the host's stage; random weights of the default model's shapes /
 #           the real weights
-# fewrows : `timeline` with SPECD_FEW_ROW_REDUCTIONS=${FEWROWS:-untuned}, then without it
+# fewrows : `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas)
+# fewrows_stack: the real weights through the stack, 1 and 16 clients, k = 0 and 4, memory off, with
+#           SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton) then FEWROWS_BASE (cublas), stack only
 # kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
 # stalls  : the real weights, drafter memory on, k = 4, 500 prompts twice at 1 and at 16 clients: the verifier's
 #           stalls (specd_step_stalls_total) and the slow steps it logged
@@ -208,14 +210,24 @@ for part in "$@"; do
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout 300 python3 -m bench.step_timeline --model "$model" \
         --device cuda --ks 0 4 --steps 300 --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part"; grep -v Warning "$OUT/$part.log" | tail -n 24 ;;
-    fewrows)  # `timeline` with SPECD_FEW_ROW_REDUCTIONS=FEWROWS (untuned), its start-up printed, then without (random weights)
+    fewrows)  # `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas), random weights
       random_model
-      for switch in "${FEWROWS:-untuned}" ${FEWROWS_BASE-0}; do
-        SPECD_FEW_ROW_REDUCTIONS=$switch timeout "$([ "$switch" = 0 ] && echo 150 || echo 400)" python3 -m bench.step_timeline \
-          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows$switch.json" \
-          -- ${FEWROWS_ARGS:-} > "$OUT/fewrows$switch.log" 2>&1
-        echo "== SPECD_FEW_ROW_REDUCTIONS=$switch (exit $?)"; grep -v Warning "$OUT/fewrows$switch.log" | tail -n 5
+      for kind in ${FEWROWS:-triton} ${FEWROWS_BASE-cublas}; do
+        SPECD_FEW_ROW_GEMMS=$kind timeout "${FEWROWS_LIMIT:-200}" python3 -m bench.step_timeline \
+          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows_$kind.json" \
+          -- ${FEWROWS_ARGS:-} > "$OUT/fewrows_$kind.log" 2>&1
+        echo "== SPECD_FEW_ROW_GEMMS=$kind (exit $?)"; grep -v Warning "$OUT/fewrows_$kind.log" | tail -n 5
       done ;;
+    fewrows_stack) default_model || continue
+      for kind in ${FEWROWS:-triton} ${FEWROWS_BASE-cublas}; do
+        SPECD_FEW_ROW_GEMMS=$kind LIMIT=${FEWROWS_LIMIT:-220} stack . "fewrows_stack_$kind" --clients 1 16 --ks 0 4 \
+          --num-requests 128 --batch1-requests 24 --no-engine
+      done ;;
+    lineartests)  # the Triton GEMM's tests and the deterministic mode's kernel tests (no weights needed)
+      timeout "${LIMIT:-300}" python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_triton_linear.py \
+        "tests/gpu/test_deterministic_cuda.py::test_linear_rows_do_not_depend_on_the_rows_beside_them" \
+        > "$OUT/lineartests.log" 2>&1
+      echo "== lineartests (exit $?)"; tail -n 15 "$OUT/lineartests.log" ;;
     stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4
       LIMIT=${STACK_LIMIT:-400} stack . stalls --clients 1 16 --ks 4 --batch1-requests 500 --num-requests 500 \
         --passes 2 --draft-memory-scope global --no-engine

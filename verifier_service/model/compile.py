@@ -18,6 +18,8 @@ CUDA only; the CPU float32 path, which tests hold equal to transformers, never c
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specd import environment
@@ -48,7 +50,7 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
         decoder.compiled = True
 
 
-# Static graphs of a few rows (2-9 tokens: verify steps, small decode batches) keep cuBLAS for their GEMMs.
+# Static graphs of a few rows (2-9 tokens: verify steps, small decode batches) keep cuBLAS for their GEMMs by default.
 # Autotuning times each candidate with its weight hot in the L2 cache, where a step reads every layer's
 # weights from HBM: it picked Triton templates up to 2x slower there than cuBLAS (docs/BENCHMARKS_ARCHIVE.md
 # round 7, H100, Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and
@@ -56,16 +58,17 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # But a cuBLAS kernel launches without PDL: each of a batch-1 k = 4 step's 120 GEMMs (4 a layer) leaves the GPU idle
 # while the next kernel launches, and in the engine's loop that step's device time is 1.44-1.48x a decode step's on
 # the default model's shapes (H200, docs/BENCHMARKS.md round 35), where its kernels' own times sum to 1.09x.
-# SPECD_FEW_ROW_REDUCTIONS=1 computes them as reductions instead, as Inductor does one-row GEMMs (_few_rows_backend),
-# =untuned without coordinate-descent tuning: not yet measured; with tuning, start-up took over 300 s in its one try.
+# SPECD_FEW_ROW_GEMMS (few_rows_decompositions) replaces them: "triton", one fixed-tile Triton GEMM launched with
+# PDL (kernels/triton_linear.py, an opaque operator in the graph); "reductions", a multiply-and-sum that Inductor
+# turns into a reduction kernel fused with its neighbours, as it does one-row GEMMs (untuned: with coordinate-descent
+# tuning, start-up took over 300 s in its one try).
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
-FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes as a reduction
+FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes another way than cuBLAS
 
 
 def _mm_as_reduction(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for a of a few rows as one multiply-and-sum, in float32 at least (as Inductor decomposes a one-row GEMM):
-    one Triton reduction kernel, fused with its neighbours, launched with PDL like the rest of the region."""
+    """a @ b for a of a few rows as one multiply-and-sum, in float32 at least (as Inductor decomposes a one-row GEMM)."""
     if a.shape[0] > FEW_ROWS_MAX:
         return NotImplemented
     return _product_sum(a, b).to(a.dtype)
@@ -86,22 +89,45 @@ def _accumulator(a: torch.Tensor) -> torch.dtype:
     return torch.promote_types(a.dtype, torch.float32)
 
 
-def few_rows_decompositions() -> dict:
-    """Inductor's decompositions, with GEMMs of at most FEW_ROWS_MAX rows as reductions."""
+def _mm_as_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.shape[0] > FEW_ROWS_MAX:
+        return NotImplemented
+    return torch.ops.specd.few_rows_mm(a, b)
+
+
+def _addmm_as_triton(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
+    if a.shape[0] > FEW_ROWS_MAX or beta != 1 or alpha != 1 or bias.dim() != 1:
+        return NotImplemented
+    return torch.ops.specd.few_rows_mm(a, b, bias)
+
+
+def few_rows_decompositions(kind: str) -> dict:
+    """Inductor's decompositions, with GEMMs of at most FEW_ROWS_MAX rows as `kind` ("triton" / "reductions")."""
     from torch._inductor.decomposition import select_decomp_table
 
+    from verifier_service.kernels import linear_op  # noqa: F401 (registers torch.ops.specd.few_rows_mm)
+
     aten = torch.ops.aten
-    return {**select_decomp_table(), aten.mm.default: _mm_as_reduction, aten.addmm.default: _addmm_as_reduction}
+    mm, addmm = {"triton": (_mm_as_triton, _addmm_as_triton),
+                 "reductions": (_mm_as_reduction, _addmm_as_reduction)}[kind]
+    return {**select_decomp_table(), aten.mm.default: mm, aten.addmm.default: addmm}
 
 
-def _few_rows_backend(options: dict):
-    """Inductor with `options` and few_rows_decompositions()."""
+@functools.cache
+def _few_rows_backend(kind: str, dependent: bool):
+    """Inductor with few_rows_decompositions(kind), its kernels launched with PDL where `dependent`: one backend object
+    for every layer (Dynamo guards on the backend: one per layer would recompile the region for each). Neither cache
+    of compiled graphs keys on the decompositions, so these graphs are neither stored nor looked up in them: another
+    process with another SPECD_FEW_ROW_GEMMS would be handed them."""
     from torch._inductor.compile_fx import compile_fx
 
-    table = few_rows_decompositions()
+    table = few_rows_decompositions(kind)
+    options = _FEW_ROWS | {"triton.enable_pdl": dependent, "fx_graph_cache": False,
+                           "coordinate_descent_tuning": kind != "reductions"}
 
     def backend(graph, example_inputs):
-        return compile_fx(graph, example_inputs, config_patches=options, decompositions=table)
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(graph, example_inputs, config_patches=options, decompositions=table)
     return backend
 
 
@@ -118,13 +144,12 @@ def _compiled(method, static_token_counts: set[int], device: torch.device):
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
     dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
     one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
-    reductions = environment.few_row_reductions()
-    if reductions is not None:
-        tuning = {"coordinate_descent_tuning": reductions != "untuned"}
-        few_rows = torch.compile(method, dynamic=False, fullgraph=True,
-                                 backend=_few_rows_backend(_FEW_ROWS | launch | tuning))
-    else:
+    kind = environment.few_row_gemms()
+    if kind == "cublas":
         few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
+    else:
+        few_rows = torch.compile(method, dynamic=False, fullgraph=True,
+                                 backend=_few_rows_backend(kind, pdl.enabled(device)))
 
     def run(hidden: torch.Tensor, *args):
         tokens = hidden.shape[0]

@@ -1,0 +1,55 @@
+"""SPECD_FEW_ROW_GEMMS's decompositions (verifier_service/model/compile.py): a linear of a few rows, traced as
+Inductor traces a compiled region, has no aten GEMM left in it: under "triton" it calls the fixed-tile Triton GEMM's
+operator (torch.ops.specd.few_rows_mm, bias included), under "reductions" a multiply-and-sum with the GEMM's values.
+More rows keep their GEMMs."""
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from verifier_service.model.compile import FEW_ROWS_MAX, few_rows_decompositions
+
+
+def projections(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """A biased projection (Qwen2's qkv) and a plain one, as a layer region calls them."""
+    return torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, w1, b1)), w2)
+
+
+def traced(rows: int, kind: str, mode: str = "real") -> tuple[list[str], torch.fx.GraphModule, tuple]:
+    generator = torch.Generator().manual_seed(rows)
+    shapes = [(rows, 64), (96, 64), (96,), (32, 96)]
+    inputs = tuple(torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes)
+    graph = make_fx(projections, decomposition_table=few_rows_decompositions(kind), tracing_mode=mode)(*inputs)
+    ops = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    return ops, graph, inputs
+
+
+@pytest.mark.parametrize("rows", [2, 5, FEW_ROWS_MAX])
+def test_a_few_rows_call_the_triton_gemm_for_each_projection(rows):
+    ops, graph, _ = traced(rows, "triton", mode="fake")  # fake: the operator itself runs on CUDA only
+    assert ops.count("specd.few_rows_mm.default") == 2, ops
+    assert not {op for op in ops if op.startswith("aten.") and "mm" in op}, ops
+    biased = next(node for node in graph.graph.nodes if str(node.target) == "specd.few_rows_mm.default")
+    assert len(biased.args) == 3  # the bias goes into the kernel, not into an add after it
+
+
+@pytest.mark.parametrize("rows", [2, 5, 9])
+def test_a_few_rows_trace_to_reductions_with_the_gemms_values(rows):
+    ops, graph, inputs = traced(rows, "reductions")
+    assert not {op for op in ops if "mm" in op}, ops
+    assert "aten.sum.dim_IntList" in ops
+    torch.testing.assert_close(graph(*inputs), projections(*inputs), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["triton", "reductions"])
+def test_more_rows_keep_their_gemms(kind):
+    ops, graph, inputs = traced(FEW_ROWS_MAX + 1, kind)
+    assert {"aten.mm.default", "aten.addmm.default"} <= set(ops), ops
+    torch.testing.assert_close(graph(*inputs), projections(*inputs))
+
+
+def test_an_unknown_kind_is_refused_naming_the_variable(monkeypatch):
+    from specd import environment
+
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "cutlass")
+    with pytest.raises(ValueError, match="SPECD_FEW_ROW_GEMMS"):
+        environment.few_row_gemms()

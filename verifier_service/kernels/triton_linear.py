@@ -1,0 +1,81 @@
+"""x @ weight.T (+ bias) as one Triton kernel of fixed tiles, launched with PDL (pdl.py).
+
+It launches with PDL, where cuBLAS's kernels do not: a batch-1 verify step's 4 GEMMs a layer are then launched while
+the kernel before them finishes, as a decode step's (Inductor's reductions) already are. The static graphs of a few
+rows take it under SPECD_FEW_ROW_GEMMS=triton (model/compile.py): a k = 4 verify step's device time 0.937 against
+1.052 ms with cuBLAS, decode 0.668 / 0.710 (H200, random weights of the default model, docs/BENCHMARKS.md round 36).
+
+Each output tile is one program and its sum over K runs in BLOCK_K steps in one order, the tiles fixed by the
+weight's shape and block_m: a row's bits do not depend on the rows beside it. The deterministic mode tried it for
+every linear and kept cuBLAS's 64-row GEMMs (model/invariant_layers.py): batch-1 steps were 1.73x (16-row tiles) and
+2.39x (64-row) the default mode's, against 1.64x with cuBLAS in round 29.
+
+The first weight tile loads before the prologue's wait: no kernel writes a weight, only x waits for the kernel before.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from verifier_service.kernels import pdl
+from verifier_service.kernels.triton_pdl import prologue
+
+
+@triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr):
+    if IEEE:  # float32 in float32, not TF32
+        return tl.dot(x, w, acc, input_precision="ieee")
+    return tl.dot(x, w, acc)
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
+                mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)  # a weight: no kernel writes it
+    prologue(PDL)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+                mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+    acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
+    for start in range(BLOCK_K, K, BLOCK_K):
+        k = start + ks
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
+                    mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None] * stride_wk,
+                    mask=(cols[None, :] < N) & (k[:, None] < K), other=0.0)
+        acc = _dot(x, w, acc, IEEE)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def tiles(out_features: int, block_m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight of out_features rows: from the weight's shape and
+    block_m alone, so every step of any row count runs the same tiles. Narrow column tiles for narrow weights keep
+    the small models' projections spread over the SMs (the default model's o_proj is 576 wide: 18 programs)."""
+    block_n = 32 if out_features <= 1024 else 64 if block_m <= 16 else 128
+    return block_n, 64 if block_m > 16 else 128, 4, 3
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32."""
+    rows, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype) if out is None else out
+    if rows == 0:
+        return y
+    block_n, block_k, warps, stages = tiles(n, block_m)
+    dependent = pdl.enabled(x.device)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
+    _linear_kernel[grid](x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0), x.stride(1),
+                         weight.stride(0), weight.stride(1), y.stride(0), HAS_BIAS=bias is not None,
+                         IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                         PDL=dependent, num_warps=warps, num_stages=stages, launch_pdl=dependent)
+    return y
