@@ -47,9 +47,12 @@ def test_float32_is_not_tf32_and_strided_inputs_are_read_as_they_lie():
 
 @torch.inference_mode()
 def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch):
+    from verifier_service.kernels import triton_linear
     from verifier_service.model import compile as compile_module
 
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "triton")
+    calls, kernel = [], triton_linear.linear
+    monkeypatch.setattr(triton_linear, "linear", lambda *args, **kwargs: calls.append(1) or kernel(*args, **kwargs))
     gen = torch.Generator(device="cuda").manual_seed(4)
     w1, w2 = (torch.randn(n, k, device="cuda", generator=gen).bfloat16() * 0.05 for n, k in ((1536, 576), (576, 1536)))
     b1 = torch.randn(1536, device="cuda", generator=gen).bfloat16()
@@ -61,6 +64,7 @@ def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch):
     static = torch.randn(5, 576, device="cuda", generator=gen).bfloat16()
     for _ in range(2):
         run(static)  # compile, then warm up outside the capture
+    assert len(calls) >= 4  # both projections, both runs: the region's GEMMs are the Triton kernel's
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run(static)

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import torch
 
-FEW_ROWS_BLOCK = 16  # the row tile of a few rows' GEMM (tl.dot's smallest)
-
-
 @torch.library.custom_op("specd::few_rows_mm", mutates_args=())
 def few_rows_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a [rows, K] @ b [K, N] (+ bias [N]), as aten.mm / addmm give it (b a linear's weight, transposed)."""
     from verifier_service.kernels.triton_linear import linear
 
-    return linear(a, b.t(), bias, block_m=FEW_ROWS_BLOCK)
+    return linear(a, b.t(), bias)
 
 
 @few_rows_mm.register_fake

@@ -30,24 +30,31 @@ def _dot(x, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _x_tile(x_ptr, rows, k, M, K, stride_xm, stride_xk):
+    return tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
+                   mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _w_tile(w_ptr, cols, k, N, K, stride_wn, stride_wk):  # [BLOCK_K, BLOCK_N]: the weight's tile, transposed
+    return tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None] * stride_wk,
+                   mask=(cols[None, :] < N) & (k[:, None] < K), other=0.0)
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
-                mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)  # a weight: no kernel writes it
+    w = _w_tile(w_ptr, cols, ks, N, K, stride_wn, stride_wk)  # a weight: no kernel writes it
     prologue(PDL)
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+    x = _x_tile(x_ptr, rows, ks, M, K, stride_xm, stride_xk)
     acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
     for start in range(BLOCK_K, K, BLOCK_K):
-        k = start + ks
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
-                    mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None] * stride_wk,
-                    mask=(cols[None, :] < N) & (k[:, None] < K), other=0.0)
+        x = _x_tile(x_ptr, rows, start + ks, M, K, stride_xm, stride_xk)
+        w = _w_tile(w_ptr, cols, start + ks, N, K, stride_wn, stride_wk)
         acc = _dot(x, w, acc, IEEE)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -63,12 +70,12 @@ def tiles(out_features: int, block_m: int) -> tuple[int, int, int, int]:
     return block_n, 64 if block_m > 16 else 128, 4, 3
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16) -> torch.Tensor:
+    """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32; block_m: the
+    row tile (16, tl.dot's smallest, for a few rows)."""
     rows, k = x.shape
     n = weight.shape[0]
-    y = torch.empty(rows, n, device=x.device, dtype=x.dtype) if out is None else out
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     if rows == 0:
         return y
     block_n, block_k, warps, stages = tiles(n, block_m)

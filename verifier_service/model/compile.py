@@ -67,38 +67,29 @@ _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="ma
 FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes another way than cuBLAS
 
 
-def _mm_as_reduction(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for a of a few rows as one multiply-and-sum, in float32 at least (as Inductor decomposes a one-row GEMM)."""
-    if a.shape[0] > FEW_ROWS_MAX:
-        return NotImplemented
-    return _product_sum(a, b).to(a.dtype)
+def _reduction(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """a @ b (+ bias) as one multiply-and-sum, in float32 at least (as Inductor decomposes a one-row GEMM)."""
+    accumulator = torch.promote_types(a.dtype, torch.float32)
+    product = (a.to(accumulator).unsqueeze(2) * b.to(accumulator).unsqueeze(0)).sum(dim=1)
+    return (product if bias is None else bias.to(accumulator) + product).to(a.dtype)
 
 
-def _addmm_as_reduction(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
-    if a.shape[0] > FEW_ROWS_MAX or beta != 1 or alpha != 1:
-        return NotImplemented
-    return (bias.to(_accumulator(a)) + _product_sum(a, b)).to(a.dtype)
-
-
-def _product_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    accumulator = _accumulator(a)
-    return (a.to(accumulator).unsqueeze(2) * b.to(accumulator).unsqueeze(0)).sum(dim=1)
-
-
-def _accumulator(a: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(a.dtype, torch.float32)
-
-
-def _mm_as_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.shape[0] > FEW_ROWS_MAX:
-        return NotImplemented
-    return torch.ops.specd.few_rows_mm(a, b)
-
-
-def _addmm_as_triton(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
-    if a.shape[0] > FEW_ROWS_MAX or beta != 1 or alpha != 1 or bias.dim() != 1:
-        return NotImplemented
+def _triton(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """a @ b (+ bias) by kernels/triton_linear.py's GEMM."""
     return torch.ops.specd.few_rows_mm(a, b, bias)
+
+
+def _few_rows(product):
+    """aten.mm and aten.addmm decompositions that compute GEMMs of at most FEW_ROWS_MAX rows (and a linear's bias)
+    by product(a, b, bias), leaving every other call to aten."""
+    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return NotImplemented if a.shape[0] > FEW_ROWS_MAX else product(a, b, None)
+
+    def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
+        if a.shape[0] > FEW_ROWS_MAX or beta != 1 or alpha != 1 or bias.dim() != 1:
+            return NotImplemented
+        return product(a, b, bias)
+    return mm, addmm
 
 
 def few_rows_decompositions(kind: str) -> dict:
@@ -108,8 +99,7 @@ def few_rows_decompositions(kind: str) -> dict:
     from verifier_service.kernels import linear_op  # noqa: F401 (registers torch.ops.specd.few_rows_mm)
 
     aten = torch.ops.aten
-    mm, addmm = {"triton": (_mm_as_triton, _addmm_as_triton),
-                 "reductions": (_mm_as_reduction, _addmm_as_reduction)}[kind]
+    mm, addmm = _few_rows({"triton": _triton, "reductions": _reduction}[kind])
     return {**select_decomp_table(), aten.mm.default: mm, aten.addmm.default: addmm}
 
 
