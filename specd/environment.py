@@ -83,11 +83,11 @@ def pdl() -> bool:
 FEW_ROW_GEMM_KINDS = ("cublas", "triton", "reductions")
 
 
-def few_row_gemms() -> str:
-    """How static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs on CUDA: "cublas" (the
-    default), "triton" (one fixed-tile Triton GEMM launched with PDL) or "reductions" (multiply-and-sum reductions,
-    untuned) (verifier_service/model/compile.py)."""
-    value = _get(FEW_ROW_GEMMS) or "cublas"
+def few_row_gemms(default: str) -> str:
+    """How static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs on CUDA: "cublas",
+    "triton" (one fixed-tile Triton GEMM launched with PDL) or "reductions" (multiply-and-sum reductions, untuned);
+    `default` where the variable is unset (verifier_service/model/compile.py)."""
+    value = _get(FEW_ROW_GEMMS) or default
     if value not in FEW_ROW_GEMM_KINDS:
         raise ValueError(f"{FEW_ROW_GEMMS}={value!r}: expected one of {', '.join(FEW_ROW_GEMM_KINDS)}")
     return value

@@ -39,6 +39,7 @@
 #           busy and idle a step, the idle split by the host's stage; random weights of the default model's shapes /
 #           the real weights
 # fewrows : `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas)
+# gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
 # fewrows_stack: the real weights through the stack, 1 and 16 clients, k = 0 and 4, memory off, with
 #           SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton) then FEWROWS_BASE (cublas), stack only
 # kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
@@ -218,6 +219,10 @@ for part in "$@"; do
           -- ${FEWROWS_ARGS:-} > "$OUT/fewrows_$kind.log" 2>&1
         echo "== SPECD_FEW_ROW_GEMMS=$kind (exit $?)"; grep -v Warning "$OUT/fewrows_$kind.log" | tail -n 5
       done ;;
+    gemmrows)  # bench.few_rows_gemm: a step's projections by row count, cuBLAS against the Triton GEMM (random weights)
+      random_model
+      timeout 200 python3 -m bench.few_rows_gemm --model /tmp/models/smollm2-135m > "$OUT/gemmrows.log" 2>&1
+      echo "== gemmrows (exit $?)"; tail -n 10 "$OUT/gemmrows.log" ;;
     fewrows_stack) default_model || continue
       for kind in ${FEWROWS:-triton} ${FEWROWS_BASE-cublas}; do
         SPECD_FEW_ROW_GEMMS=$kind LIMIT=${FEWROWS_LIMIT:-220} stack . "fewrows_stack_$kind" --clients 1 16 --ks 0 4 \

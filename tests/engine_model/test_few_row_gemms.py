@@ -52,4 +52,13 @@ def test_an_unknown_kind_is_refused_naming_the_variable(monkeypatch):
 
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "cutlass")
     with pytest.raises(ValueError, match="SPECD_FEW_ROW_GEMMS"):
-        environment.few_row_gemms()
+        environment.few_row_gemms(default="cublas")
+
+
+def test_the_variable_overrides_the_default(monkeypatch):
+    from specd import environment
+
+    monkeypatch.delenv("SPECD_FEW_ROW_GEMMS", raising=False)
+    assert environment.few_row_gemms(default="triton") == "triton"
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "cublas")
+    assert environment.few_row_gemms(default="triton") == "cublas"

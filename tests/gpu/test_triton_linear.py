@@ -45,12 +45,18 @@ def test_float32_is_not_tf32_and_strided_inputs_are_read_as_they_lie():
     assert torch.equal(linear(x, transposed), out)
 
 
+@pytest.mark.parametrize("setting", ["triton", None])  # None: the default where PDL is on (Hopper and later)
 @torch.inference_mode()
-def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch):
-    from verifier_service.kernels import triton_linear
+def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, setting):
+    from verifier_service.kernels import pdl, triton_linear
     from verifier_service.model import compile as compile_module
 
-    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "triton")
+    if setting is None:
+        if not pdl.enabled(torch.device("cuda")):
+            pytest.skip("the default is cuBLAS where PDL is off")
+        monkeypatch.delenv("SPECD_FEW_ROW_GEMMS", raising=False)
+    else:
+        monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", setting)
     calls, kernel = [], triton_linear.linear
     monkeypatch.setattr(triton_linear, "linear", lambda *args, **kwargs: calls.append(1) or kernel(*args, **kwargs))
     gen = torch.Generator(device="cuda").manual_seed(4)

@@ -59,9 +59,11 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # while the next kernel launches, and in the engine's loop that step's device time is 1.44-1.48x a decode step's on
 # the default model's shapes (H200, docs/BENCHMARKS.md round 35), where its kernels' own times sum to 1.09x.
 # SPECD_FEW_ROW_GEMMS (few_rows_decompositions) replaces them: "triton", one fixed-tile Triton GEMM launched with
-# PDL (kernels/triton_linear.py, an opaque operator in the graph); "reductions", a multiply-and-sum that Inductor
-# turns into a reduction kernel fused with its neighbours, as it does one-row GEMMs (untuned: with coordinate-descent
-# tuning, start-up took over 300 s in its one try).
+# PDL (kernels/triton_linear.py, an opaque operator in the graph), the default where PDL is on: alone it is as fast
+# as cuBLAS (bench/few_rows_gemm.py: 0.96-1.00x at 1-32 rows), in a step it overlaps its neighbours' launches (the
+# default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms, round 37); "reductions",
+# a multiply-and-sum that Inductor turns into a reduction kernel fused with its neighbours, as it does one-row GEMMs
+# (untuned: with coordinate-descent tuning, start-up took over 300 s in its one try); "cublas" elsewhere.
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
 FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes another way than cuBLAS
@@ -134,7 +136,7 @@ def _compiled(method, static_token_counts: set[int], device: torch.device):
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
     dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
     one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
-    kind = environment.few_row_gemms()
+    kind = environment.few_row_gemms(default="triton" if pdl.enabled(device) else "cublas")
     if kind == "cublas":
         few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
     else:
