@@ -78,3 +78,44 @@ def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, set
         static.copy_(torch.randn(5, 576, device="cuda", generator=gen).bfloat16())
         graph.replay()
         torch.testing.assert_close(out.float(), region(static).float(), atol=0.05, rtol=0.05)
+
+
+def test_a_gated_input_is_silu_of_gate_times_up():
+    from verifier_service.kernels.triton_linear import linear
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for dtype, tolerance in ((torch.bfloat16, dict(atol=0.05, rtol=0.02)), (torch.float32, dict(atol=1e-4, rtol=1e-5))):
+        weight = (torch.randn(576, 1536, device="cuda", generator=gen) * 0.05).to(dtype)
+        gate, up = torch.randn(9, 3072, device="cuda", generator=gen).to(dtype).chunk(2, dim=-1)  # halves, strided
+        activated = (torch.nn.functional.silu(gate.float()) * up.float()).to(dtype)
+        out = linear(gate, weight, up=up)
+        torch.testing.assert_close(out.float(), activated.double().matmul(weight.double().t()).float(), **tolerance)
+        torch.testing.assert_close(out, linear(activated, weight), **tolerance)  # the same tiles: only the load differs
+
+
+@torch.inference_mode()
+def test_a_compiled_few_row_mlp_runs_its_down_projection_gated_inside_a_cuda_graph(monkeypatch):
+    from types import SimpleNamespace
+
+    from verifier_service.kernels import triton_linear
+    from verifier_service.model import compile as compile_module
+    from verifier_service.model.layers import MLP
+
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "triton")
+    gated, kernel = [], triton_linear.linear
+    monkeypatch.setattr(triton_linear, "linear",
+                        lambda *args, **kwargs: gated.append(kwargs.get("up") is not None) or kernel(*args, **kwargs))
+    torch.manual_seed(8)
+    mlp = MLP(SimpleNamespace(hidden_size=576, intermediate_size=1536, mlp_bias=False)).cuda().bfloat16()
+    run = compile_module._compiled(mlp.forward, {5}, torch.device("cuda"))
+    static = torch.randn(5, 576, device="cuda").bfloat16()
+    for _ in range(2):
+        run(static)
+    assert gated.count(True) >= 2 and gated.count(False) >= 2, gated  # gate_up plain, down gated, both runs
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(static)
+    for _ in range(3):
+        static.copy_(torch.randn(5, 576, device="cuda").bfloat16())
+        graph.replay()
+        torch.testing.assert_close(out.float(), mlp(static).float(), atol=0.05, rtol=0.05)
