@@ -39,7 +39,6 @@
 #           busy and idle a step, the idle split by the host's stage; random weights of the default model's shapes /
 #           the real weights
 # fewrows : `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas)
-# fusion  : `timeline` under SPECD_FEW_ROW_GEMMS=triton in this tree, then in .device/old (an earlier tree)
 # gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
 # fewrows_stack: the real weights through the stack, 1 and 16 clients, k = 0 and 4, memory off, with
 #           SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton) then FEWROWS_BASE (cublas), stack only
@@ -219,15 +218,6 @@ for part in "$@"; do
           --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows_$kind.json" \
           -- ${FEWROWS_ARGS:-} > "$OUT/fewrows_$kind.log" 2>&1
         echo "== SPECD_FEW_ROW_GEMMS=$kind (exit $?)"; grep -v Warning "$OUT/fewrows_$kind.log" | tail -n 5
-      done ;;
-    fusion)  # `timeline` under SPECD_FEW_ROW_GEMMS=triton, this tree then .device/old (a tree before, `git archive`)
-      random_model
-      for tree in . .device/old; do
-        name=fusion_$( [ "$tree" = . ] && echo new || echo old )
-        (cd "$tree" && PYTHONPATH=/tmp/site:$PWD SPECD_FEW_ROW_GEMMS=triton timeout "${FUSION_LIMIT:-200}" \
-          python3 -m bench.step_timeline --model /tmp/models/smollm2-135m --device cuda --steps 300 \
-          --out "$OUT/$name.json") > "$OUT/$name.log" 2>&1
-        echo "== $name (exit $?)"; grep -v Warning "$OUT/$name.log" | tail -n 5
       done ;;
     gemmrows)  # bench.few_rows_gemm: a step's projections by row count, cuBLAS against the Triton GEMM (random weights)
       random_model

@@ -36,38 +36,24 @@ def _x_tile(x_ptr, rows, k, M, K, stride_xm, stride_xk):
 
 
 @triton.jit
-def _gated_x_tile(g_ptr, u_ptr, rows, k, M, K, stride_xm, stride_xk):  # silu(gate) * up, rounded once to x's dtype
-    gate = _x_tile(g_ptr, rows, k, M, K, stride_xm, stride_xk).to(tl.float32)
-    up = _x_tile(u_ptr, rows, k, M, K, stride_xm, stride_xk).to(tl.float32)
-    return (gate * tl.sigmoid(gate) * up).to(g_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _input_tile(x_ptr, u_ptr, rows, k, M, K, stride_xm, stride_xk, GATED: tl.constexpr):
-    if GATED:
-        return _gated_x_tile(x_ptr, u_ptr, rows, k, M, K, stride_xm, stride_xk)
-    return _x_tile(x_ptr, rows, k, M, K, stride_xm, stride_xk)
-
-
-@triton.jit
 def _w_tile(w_ptr, cols, k, N, K, stride_wn, stride_wk):  # [BLOCK_K, BLOCK_N]: the weight's tile, transposed
     return tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None] * stride_wk,
                    mask=(cols[None, :] < N) & (k[:, None] < K), other=0.0)
 
 
 @triton.jit
-def _linear_kernel(x_ptr, u_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                   stride_ym, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _linear_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     w = _w_tile(w_ptr, cols, ks, N, K, stride_wn, stride_wk)  # a weight: no kernel writes it
     prologue(PDL)
-    x = _input_tile(x_ptr, u_ptr, rows, ks, M, K, stride_xm, stride_xk, GATED)
+    x = _x_tile(x_ptr, rows, ks, M, K, stride_xm, stride_xk)
     acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
     for start in range(BLOCK_K, K, BLOCK_K):
-        x = _input_tile(x_ptr, u_ptr, rows, start + ks, M, K, stride_xm, stride_xk, GATED)
+        x = _x_tile(x_ptr, rows, start + ks, M, K, stride_xm, stride_xk)
         w = _w_tile(w_ptr, cols, start + ks, N, K, stride_wn, stride_wk)
         acc = _dot(x, w, acc, IEEE)
     if HAS_BIAS:
@@ -84,13 +70,9 @@ def tiles(out_features: int, block_m: int) -> tuple[int, int, int, int]:
     return block_n, 64 if block_m > 16 else 128, 4, 3
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
-           up: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16) -> torch.Tensor:
     """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32; block_m: the
-    row tile (16, tl.dot's smallest, for a few rows). With `up` (x's shape and strides: the two halves of a fused
-    gate / up projection), the input is silu(x) * up, computed as each tile loads (SwiGLU's down projection, its
-    activation's kernel and its round trip through memory saved)."""
-    assert up is None or (up.shape == x.shape and up.stride() == x.stride()), "gate and up lie alike"
+    row tile (16, tl.dot's smallest, for a few rows)."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
@@ -99,9 +81,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     block_n, block_k, warps, stages = tiles(n, block_m)
     dependent = pdl.enabled(x.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
-    _linear_kernel[grid](x, up if up is not None else x, weight, bias if bias is not None else weight, y, rows, n, k,
-                         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0),
-                         GATED=up is not None, HAS_BIAS=bias is not None,
+    _linear_kernel[grid](x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0), x.stride(1),
+                         weight.stride(0), weight.stride(1), y.stride(0), HAS_BIAS=bias is not None,
                          IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                          PDL=dependent, num_warps=warps, num_stages=stages, launch_pdl=dependent)
     return y

@@ -107,22 +107,17 @@ def few_rows_decompositions(kind: str) -> dict:
 
 @functools.cache
 def _few_rows_backend(kind: str, dependent: bool):
-    """Inductor with few_rows_decompositions(kind) (and under "triton" SwiGLU's activation in its down projection's
-    GEMM: swiglu_fusion.py), its kernels launched with PDL where `dependent`: one backend object
+    """Inductor with few_rows_decompositions(kind), its kernels launched with PDL where `dependent`: one backend object
     for every layer (Dynamo guards on the backend: one per layer would recompile the region for each). Neither cache
     of compiled graphs keys on the decompositions, so these graphs are neither stored nor looked up in them: another
     process with another SPECD_FEW_ROW_GEMMS would be handed them."""
     from torch._inductor.compile_fx import compile_fx
-
-    from verifier_service.model import swiglu_fusion
 
     table = few_rows_decompositions(kind)
     options = _FEW_ROWS | {"triton.enable_pdl": dependent, "fx_graph_cache": False,
                            "coordinate_descent_tuning": kind != "reductions"}
 
     def backend(graph, example_inputs):
-        if kind == "triton":
-            swiglu_fusion.fuse(graph, FEW_ROWS_MAX)
         with torch._functorch.config.patch(enable_autograd_cache=False):
             return compile_fx(graph, example_inputs, config_patches=options, decompositions=table)
     return backend
