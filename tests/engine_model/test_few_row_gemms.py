@@ -62,3 +62,16 @@ def test_the_variable_overrides_the_default(monkeypatch):
     assert environment.few_row_gemms(default="triton") == "triton"
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "cublas")
     assert environment.few_row_gemms(default="triton") == "cublas"
+
+
+
+@pytest.mark.parametrize("pdl_on, sharded, expected", [(True, False, "triton"), (True, True, "cublas"),
+                                                       (False, False, "cublas")])
+def test_the_default_is_triton_where_pdl_is_on_for_one_gpu(monkeypatch, pdl_on, sharded, expected):
+    from verifier_service.model import compile as compile_module
+
+    monkeypatch.delenv("SPECD_FEW_ROW_GEMMS", raising=False)
+    monkeypatch.setattr(compile_module.pdl, "enabled", lambda device: pdl_on)
+    assert compile_module.few_row_kind(torch.device("cpu"), sharded) == expected
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "reductions")
+    assert compile_module.few_row_kind(torch.device("cpu"), sharded) == "reductions"

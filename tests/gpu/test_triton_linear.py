@@ -66,7 +66,8 @@ def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, set
     def region(hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(hidden, w1, b1)), w2)
 
-    run = compile_module._compiled(region, {5}, torch.device("cuda"))
+    device = torch.device("cuda")
+    run = compile_module._compiled(region, {5}, device, compile_module.few_row_kind(device))
     static = torch.randn(5, 576, device="cuda", generator=gen).bfloat16()
     for _ in range(2):
         run(static)  # compile, then warm up outside the capture

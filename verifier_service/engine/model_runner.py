@@ -108,7 +108,7 @@ class ModelRunner:
 
             make_batch_invariant(self.model)
         if self.compiled:  # fused kernels per layer; compiled lazily by the first forward (warm-up / capture)
-            compile_regions(self.model, self.static_token_counts)
+            compile_regions(self.model, self.static_token_counts, sharded=shard is not None)
         if onednn_linear_enabled(self.device, self.dtype, upcast=deterministic):  # skinny CPU GEMMs (cpu_linear.py)
             prepack_linears(self.model, fixed_rows=DETERMINISTIC_LINEAR_ROWS if deterministic else None)
             if deterministic and shard is not None:

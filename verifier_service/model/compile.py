@@ -27,26 +27,29 @@ from verifier_service.kernels import pdl
 from verifier_service.model.decoder import CausalLM
 
 
-def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None) -> None:
+def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None, sharded: bool = False) -> None:
     """Replaces each layer's two regions and the final add + norm by compiled versions (in place, idempotent).
 
     static_token_counts: token counts that get their own static graphs (see _compiled); the
     caller's set, read at every call, so the runner can add the widths of the CUDA graphs it captures
     (a batch-1 decode / verify step feeds 1 / k + 1 tokens) before their first forward compiles them.
+    sharded: a tensor-parallel rank's model, whose few-row GEMMs stay on cuBLAS unless SPECD_FEW_ROW_GEMMS says
+    otherwise (the Triton GEMM has not been measured or tested across ranks).
     """
     static = static_token_counts if static_token_counts is not None else {1}
     # Prefill chunks, decode and verify steps differ only in num_tokens: allow one graph per region
     # and specialisation (single token / many) for each model this process loads.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     decoder, device = model.model, model.lm_head.weight.device
+    kind = few_row_kind(device, sharded)
     for layer in decoder.layers:
         if getattr(layer, "compiled", False):
             continue
-        layer.attention_inputs = _compiled(layer.attention_inputs, static, device)
-        layer.attention_output = _compiled(layer.attention_output, static, device)
+        layer.attention_inputs = _compiled(layer.attention_inputs, static, device, kind)
+        layer.attention_output = _compiled(layer.attention_output, static, device, kind)
         layer.compiled = True
     if not getattr(decoder, "compiled", False):
-        decoder.final_norm = _compiled(decoder.final_norm, static, device)
+        decoder.final_norm = _compiled(decoder.final_norm, static, device, kind)
         decoder.compiled = True
 
 
@@ -59,11 +62,11 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # while the next kernel launches, and in the engine's loop that step's device time is 1.44-1.48x a decode step's on
 # the default model's shapes (H200, docs/BENCHMARKS.md round 35), where its kernels' own times sum to 1.09x.
 # SPECD_FEW_ROW_GEMMS (few_rows_decompositions) replaces them: "triton", one fixed-tile Triton GEMM launched with
-# PDL (kernels/triton_linear.py, an opaque operator in the graph), the default where PDL is on: alone it is as fast
-# as cuBLAS (bench/few_rows_gemm.py: 0.96-1.00x at 1-32 rows), in a step it overlaps its neighbours' launches (the
-# default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms, round 37); "reductions",
-# a multiply-and-sum that Inductor turns into a reduction kernel fused with its neighbours, as it does one-row GEMMs
-# (untuned: with coordinate-descent tuning, start-up took over 300 s in its one try); "cublas" elsewhere.
+# PDL (kernels/triton_linear.py, an opaque operator in the graph), the default where PDL is on (few_row_kind):
+# alone it is as fast as cuBLAS (bench/few_rows_gemm.py: 0.96-1.00x at 1-32 rows), in a step it overlaps its
+# neighbours' launches (the default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms,
+# round 37); "reductions", a multiply-and-sum that Inductor turns into a reduction kernel fused with its neighbours,
+# as it does one-row GEMMs (untuned: with coordinate-descent tuning, start-up took over 300 s in its one try).
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
 FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes another way than cuBLAS
@@ -105,6 +108,12 @@ def few_rows_decompositions(kind: str) -> dict:
     return {**select_decomp_table(), aten.mm.default: mm, aten.addmm.default: addmm}
 
 
+def few_row_kind(device: torch.device, sharded: bool = False) -> str:
+    """How static graphs of a few rows compute their GEMMs: SPECD_FEW_ROW_GEMMS, by default "triton" where PDL is
+    on and the model is not a tensor-parallel rank's, else "cublas"."""
+    return environment.few_row_gemms(default="triton" if pdl.enabled(device) and not sharded else "cublas")
+
+
 @functools.cache
 def _few_rows_backend(kind: str, dependent: bool):
     """Inductor with few_rows_decompositions(kind), its kernels launched with PDL where `dependent`: one backend object
@@ -123,9 +132,10 @@ def _few_rows_backend(kind: str, dependent: bool):
     return backend
 
 
-def _compiled(method, static_token_counts: set[int], device: torch.device):
+def _compiled(method, static_token_counts: set[int], device: torch.device, kind: str = "cublas"):
     """method compiled for one token (batch-1 decode), statically for the other given token counts (verify
-    steps, small batches), and dynamically for everything else.
+    steps, small batches: their GEMMs of a few rows as `kind` says, SPECD_FEW_ROW_GEMMS), and dynamically for
+    everything else.
 
     cuBLAS picks poor kernels for one-row GEMMs of small models: Qwen3-0.6B's o_proj (1024 x 2048) takes
     6.1 us for a 1.4 us weight read on an H100. Inductor rewrites a one-row GEMM as a reduction (tuned by
@@ -136,7 +146,6 @@ def _compiled(method, static_token_counts: set[int], device: torch.device):
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
     dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
     one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
-    kind = environment.few_row_gemms(default="triton" if pdl.enabled(device) else "cublas")
     if kind == "cublas":
         few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
     else:
