@@ -1,16 +1,18 @@
 """A step's GEMMs at a few rows: cuBLAS (F.linear) against kernels/triton_linear.py, in CUDA graphs, by row count.
 
-    python -m bench.few_rows_gemm [--model DIR] [--rows 1 2 5 8 10 16 32] [--replays 50]
+    python -m bench.few_rows_gemm [--model DIR] [--rows 1 2 5 8 10 16 32] [--block-m 16] [--replays 50]
 
 For each row count, one CUDA graph per kind holds every layer's four projections (qkv, o, gate_up, down) of the
 model's shapes, one after another on the stream as in a step (each layer's own weights: the model's weights do
 not fit in L2), the Triton GEMM launched with PDL where the card has it. Its replays are timed with CUDA events;
-the table gives the device time per step and triton / cublas. SPECD_FEW_ROW_GEMMS's row limit
-(model/compile.py FEW_ROWS_MAX) comes from where the ratio crosses 1.
+the table gives the device time per step and triton / cublas, for each of the Triton GEMM's row tiles
+(--block-m). SPECD_FEW_ROW_GEMMS's row limit (model/compile.py TRITON_ROWS_MAX) comes from where the ratio
+crosses 1.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -60,18 +62,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default", help="a checkpoint folder (its config alone is read)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 8, 10, 16, 32])
+    parser.add_argument("--block-m", type=int, nargs="+", default=[16], help="the Triton GEMM's row tiles to time")
     parser.add_argument("--replays", type=int, default=50)
     args = parser.parse_args()
     from specd.default_model import resolve_model_path
 
     config = load_model_config(resolve_model_path(args.model))
     layers = weights(config, torch.bfloat16)
-    kinds = {"cublas": F.linear, "triton": triton_linear.linear}
-    print(f"{torch.cuda.get_device_name()}: {config.num_layers} layers x 4 projections, bfloat16")
-    print(f"{'rows':>5} {'cublas us':>10} {'triton us':>10} {'triton/cublas':>14}")
+    kinds = {"cublas": F.linear} | {f"triton m{m}": functools.partial(triton_linear.linear, block_m=m)
+                                     for m in args.block_m}
+    print(f"{torch.cuda.get_device_name()}: {config.num_layers} layers x 4 projections, bfloat16, us a step "
+          f"(triton / cublas)")
+    print(f"{'rows':>5} " + " ".join(f"{kind:>20}" for kind in kinds))
     for rows in args.rows:
         us = {kind: step_us(layers, rows, product, args.replays) for kind, product in kinds.items()}
-        print(f"{rows:>5} {us['cublas']:>10.1f} {us['triton']:>10.1f} {us['triton'] / us['cublas']:>14.2f}")
+        cells = [f"{us['cublas']:>20.1f}"] + [f"{us[kind]:>11.1f} ({us[kind] / us['cublas']:.2f}x)"
+                                              for kind in kinds if kind != "cublas"]
+        print(f"{rows:>5} " + " ".join(cells))
 
 
 if __name__ == "__main__":

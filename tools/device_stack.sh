@@ -150,11 +150,16 @@ for part in "$@"; do
       default_model || continue  # only (the engine alone once, first, beside this tree's first run)
       requests="--num-requests ${SPEC_REQUESTS:-256} --batch1-requests ${SPEC_BATCH1:-48} --ks 0 4"
       # shellcheck disable=SC2086
-      for round in 1 2; do
-        engine=--no-engine; [ "$round" = 1 ] && engine=
-        TAIL=8 LIMIT=${AB_LIMIT_NEW:-200} stack . "ab_new$round" --clients ${AB_CLIENTS:-1 16 64} $requests $engine
-        TAIL=8 LIMIT=${AB_LIMIT_OLD:-150} stack .device/old "ab_old$round" --clients ${AB_CLIENTS:-1 16 64} $requests --no-engine \
-          --port-offset 900
+      for round in ${AB_ROUNDS:-1 2}; do
+        engine=--no-engine; [ "$round" = 1 ] && [ -z "${AB_NO_ENGINE:-}" ] && engine=
+        for tree in ${AB_ORDER:-new old}; do  # AB_ORDER="old new": the old tree first in each round
+          if [ "$tree" = new ]; then
+            TAIL=8 LIMIT=${AB_LIMIT_NEW:-200} stack . "ab_new$round" --clients ${AB_CLIENTS:-1 16 64} $requests $engine
+          else
+            TAIL=8 LIMIT=${AB_LIMIT_OLD:-150} stack .device/old "ab_old$round" --clients ${AB_CLIENTS:-1 16 64} $requests \
+              --no-engine --port-offset 900
+          fi
+        done
       done ;;
     sched)  # why the stack's engine thread is slower than its engine alone at 64 clients: every python thread's CPU
       default_model || continue  # time, run-queue wait and switches (tools/thread_sched.py), default torch threads,
@@ -221,8 +226,8 @@ for part in "$@"; do
       done ;;
     gemmrows)  # bench.few_rows_gemm: a step's projections by row count, cuBLAS against the Triton GEMM (random weights)
       random_model
-      timeout 200 python3 -m bench.few_rows_gemm --model /tmp/models/smollm2-135m > "$OUT/gemmrows.log" 2>&1
-      echo "== gemmrows (exit $?)"; tail -n 10 "$OUT/gemmrows.log" ;;
+      timeout 200 python3 -m bench.few_rows_gemm --model /tmp/models/smollm2-135m ${GEMMROWS_ARGS:-} > "$OUT/gemmrows.log" 2>&1
+      echo "== gemmrows (exit $?)"; tail -n 20 "$OUT/gemmrows.log" ;;
     fewrows_stack) default_model || continue
       for kind in ${FEWROWS:-triton} ${FEWROWS_BASE-cublas}; do
         SPECD_FEW_ROW_GEMMS=$kind LIMIT=${FEWROWS_LIMIT:-220} stack . "fewrows_stack_$kind" --clients 1 16 --ks 0 4 \
