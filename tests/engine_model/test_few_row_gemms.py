@@ -1,12 +1,16 @@
 """SPECD_FEW_ROW_GEMMS's decompositions (verifier_service/model/compile.py): a linear of a few rows, traced as
 Inductor traces a compiled region, has no aten GEMM left in it: under "triton" it calls the fixed-tile Triton GEMM's
 operator (torch.ops.specd.few_rows_mm, bias included), under "reductions" a multiply-and-sum with the GEMM's values.
-More rows keep their GEMMs."""
+More rows keep their GEMMs. A region compiled dynamic in its rows (batched steps) compiles once for each side of the
+Triton GEMM's row limit and calls the operator on the few-row side only."""
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from verifier_service.model.compile import FEW_ROWS_MAX, few_rows_decompositions
+from verifier_service.model import compile as compile_module
+from verifier_service.model.compile import REDUCTION_ROWS_MAX, TRITON_ROWS_MAX, few_rows_decompositions
+
+LIMITS = {"triton": TRITON_ROWS_MAX, "reductions": REDUCTION_ROWS_MAX}
 
 
 def projections(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -23,7 +27,7 @@ def traced(rows: int, kind: str, mode: str = "real") -> tuple[list[str], torch.f
     return ops, graph, inputs
 
 
-@pytest.mark.parametrize("rows", [2, 5, FEW_ROWS_MAX])
+@pytest.mark.parametrize("rows", [2, 5, 16, TRITON_ROWS_MAX])
 def test_a_few_rows_call_the_triton_gemm_for_each_projection(rows):
     ops, graph, _ = traced(rows, "triton", mode="fake")  # fake: the operator itself runs on CUDA only
     assert ops.count("specd.few_rows_mm.default") == 2, ops
@@ -42,9 +46,49 @@ def test_a_few_rows_trace_to_reductions_with_the_gemms_values(rows):
 
 @pytest.mark.parametrize("kind", ["triton", "reductions"])
 def test_more_rows_keep_their_gemms(kind):
-    ops, graph, inputs = traced(FEW_ROWS_MAX + 1, kind)
+    ops, graph, inputs = traced(LIMITS[kind] + 1, kind)
     assert {"aten.mm.default", "aten.addmm.default"} <= set(ops), ops
     torch.testing.assert_close(graph(*inputs), projections(*inputs))
+
+
+@pytest.mark.parametrize("rows, expected", [(TRITON_ROWS_MAX, "specd.few_rows_mm.default"),
+                                            (TRITON_ROWS_MAX + 16, "aten.mm.default")])
+def test_symbolic_rows_take_the_side_of_the_limit_they_lie_on(rows, expected):
+    ops, _, _ = traced(rows, "triton", mode="symbolic")
+    assert expected in ops, ops
+
+
+@pytest.fixture
+def cpu_few_rows_mm():
+    """The operator on the CPU (its kernel is CUDA's), counting its calls: torch.mm's values, (+ bias)."""
+    from verifier_service.kernels import linear_op
+
+    calls = []
+
+    def on_cpu(a, b, bias=None):
+        calls.append(a.shape[0])
+        return a @ b if bias is None else torch.addmm(bias, a, b)
+    linear_op.few_rows_mm.register_kernel("cpu")(on_cpu)
+    yield calls
+    linear_op.few_rows_mm._backend_fns.pop("cpu", None)
+
+
+def test_a_dynamic_region_compiles_once_a_side_and_calls_the_operator_on_the_few_rows_side(cpu_few_rows_mm):
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=generator) for shape in ((96, 64), (96,), (32, 96))]
+    counter = torch._dynamo.testing.CompileCounterWithBackend(
+        compile_module._few_rows_backend("triton", (("triton.enable_pdl", False),)))
+    region = torch.compile(lambda x: projections(x, *weights), dynamic=True, fullgraph=True, backend=counter)
+    for rows in (3, 40, TRITON_ROWS_MAX, TRITON_ROWS_MAX + 1, 200, 7):
+        x = torch.randn(rows, 64, generator=generator)
+        cpu_few_rows_mm.clear()
+        torch.testing.assert_close(region(x), projections(x, *weights))
+        assert cpu_few_rows_mm == ([rows, rows] if rows <= TRITON_ROWS_MAX else []), rows
+    assert counter.frame_count == 2  # once for each side of the limit: no compile per row count
+    torch._dynamo.reset()
 
 
 def test_an_unknown_kind_is_refused_naming_the_variable(monkeypatch):

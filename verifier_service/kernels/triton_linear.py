@@ -1,9 +1,10 @@
 """x @ weight.T (+ bias) as one Triton kernel of fixed tiles, launched with PDL (pdl.py).
 
 It launches with PDL, where cuBLAS's kernels do not: a batch-1 verify step's 4 GEMMs a layer are then launched while
-the kernel before them finishes, as a decode step's (Inductor's reductions) already are. The static graphs of a few
-rows take it where PDL is on (SPECD_FEW_ROW_GEMMS, model/compile.py): the default model's k = 4 step through the
-stack at batch 1 takes 0.72-0.74 against 0.79-0.84 ms with cuBLAS (H200, docs/BENCHMARKS.md round 37).
+the kernel before them finishes, as a decode step's (Inductor's reductions) already are. GEMMs of up to 64 rows
+take it where PDL is on (SPECD_FEW_ROW_GEMMS, model/compile.py): the default model's k = 4 step through the stack at
+batch 1 takes 0.72-0.74 against 0.79-0.84 ms with cuBLAS (H200, docs/BENCHMARKS.md round 37), a 64-client step
+1.77-1.91 against 2.57-2.67 ms (round 38).
 
 Each output tile is one program and its sum over K runs in BLOCK_K steps in one order, the tiles fixed by the
 weight's shape and block_m: a row's bits do not depend on the rows beside it. The deterministic mode tried it for

@@ -53,7 +53,7 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
         decoder.compiled = True
 
 
-# Static graphs of a few rows (2-9 tokens: verify steps, small decode batches) keep cuBLAS for their GEMMs by default.
+# Graphs of a few rows (verify steps, small decode batches) keep cuBLAS for their GEMMs by default.
 # Autotuning times each candidate with its weight hot in the L2 cache, where a step reads every layer's
 # weights from HBM: it picked Triton templates up to 2x slower there than cuBLAS (docs/BENCHMARKS_ARCHIVE.md
 # round 7, H100, Qwen3-0.6B, 5 rows: o_proj 12.0 vs 6.1 us; 1,075 vs 878 us for a step's projections), and
@@ -62,14 +62,17 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # while the next kernel launches, and in the engine's loop that step's device time is 1.44-1.48x a decode step's on
 # the default model's shapes (H200, docs/BENCHMARKS.md round 35), where its kernels' own times sum to 1.09x.
 # SPECD_FEW_ROW_GEMMS (few_rows_decompositions) replaces them: "triton", one fixed-tile Triton GEMM launched with
-# PDL (kernels/triton_linear.py, an opaque operator in the graph), the default where PDL is on (few_row_kind):
-# alone it is as fast as cuBLAS (bench/few_rows_gemm.py: 0.96-1.00x at 1-32 rows), in a step it overlaps its
-# neighbours' launches (the default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms,
-# round 37); "reductions", a multiply-and-sum that Inductor turns into a reduction kernel fused with its neighbours,
-# as it does one-row GEMMs (untuned: with coordinate-descent tuning, start-up took over 300 s in its one try).
+# PDL (kernels/triton_linear.py, an opaque operator in the graph), the default where PDL is on (few_row_kind), for
+# GEMMs of up to TRITON_ROWS_MAX rows in every graph, static or dynamic: alone it is as fast as cuBLAS up to 64 rows
+# and 1.09-1.13x slower at 80-128 (bench/few_rows_gemm.py, H200, round 38), in a step it overlaps its neighbours'
+# launches (the default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms, round 37);
+# "reductions", in static graphs of up to REDUCTION_ROWS_MAX rows, a multiply-and-sum that Inductor turns into a
+# reduction kernel fused with its neighbours, as it does one-row GEMMs (untuned: with coordinate-descent tuning,
+# start-up took over 300 s in its one try).
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
-FEW_ROWS_MAX = 16  # the most rows a static graph's GEMM computes another way than cuBLAS
+TRITON_ROWS_MAX = 64  # the most rows a GEMM computes on the Triton GEMM under "triton"
+REDUCTION_ROWS_MAX = 16  # the most rows a static graph's GEMM computes as a reduction under "reductions"
 
 
 def _reduction(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -84,58 +87,61 @@ def _triton(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torc
     return torch.ops.specd.few_rows_mm(a, b, bias)
 
 
-def _few_rows(product):
-    """aten.mm and aten.addmm decompositions that compute GEMMs of at most FEW_ROWS_MAX rows (and a linear's bias)
-    by product(a, b, bias), leaving every other call to aten."""
+_PRODUCTS = {"triton": (_triton, TRITON_ROWS_MAX), "reductions": (_reduction, REDUCTION_ROWS_MAX)}
+
+
+def _few_rows(product, max_rows: int):
+    """aten.mm and aten.addmm decompositions that compute GEMMs of at most max_rows rows (and a linear's bias)
+    by product(a, b, bias), leaving every other call to aten. In a graph dynamic in its rows, the comparison is a
+    guard: the graph compiles once for each side of max_rows."""
     def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return NotImplemented if a.shape[0] > FEW_ROWS_MAX else product(a, b, None)
+        return NotImplemented if a.shape[0] > max_rows else product(a, b, None)
 
     def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
-        if a.shape[0] > FEW_ROWS_MAX or beta != 1 or alpha != 1 or bias.dim() != 1:
+        if a.shape[0] > max_rows or beta != 1 or alpha != 1 or bias.dim() != 1:
             return NotImplemented
         return product(a, b, bias)
     return mm, addmm
 
 
 def few_rows_decompositions(kind: str) -> dict:
-    """Inductor's decompositions, with GEMMs of at most FEW_ROWS_MAX rows as `kind` ("triton" / "reductions")."""
+    """Inductor's decompositions, with GEMMs of a few rows as `kind` ("triton" / "reductions") computes them."""
     from torch._inductor.decomposition import select_decomp_table
 
     from verifier_service.kernels import linear_op  # noqa: F401 (registers torch.ops.specd.few_rows_mm)
 
     aten = torch.ops.aten
-    mm, addmm = _few_rows({"triton": _triton, "reductions": _reduction}[kind])
+    mm, addmm = _few_rows(*_PRODUCTS[kind])
     return {**select_decomp_table(), aten.mm.default: mm, aten.addmm.default: addmm}
 
 
 def few_row_kind(device: torch.device, sharded: bool = False) -> str:
-    """How static graphs of a few rows compute their GEMMs: SPECD_FEW_ROW_GEMMS, by default "triton" where PDL is
+    """How compiled graphs compute their GEMMs of a few rows: SPECD_FEW_ROW_GEMMS, by default "triton" where PDL is
     on and the model is not a tensor-parallel rank's, else "cublas"."""
     return environment.few_row_gemms(default="triton" if pdl.enabled(device) and not sharded else "cublas")
 
 
 @functools.cache
-def _few_rows_backend(kind: str, dependent: bool):
-    """Inductor with few_rows_decompositions(kind), its kernels launched with PDL where `dependent`: one backend object
-    for every layer (Dynamo guards on the backend: one per layer would recompile the region for each). Neither cache
-    of compiled graphs keys on the decompositions, so these graphs are neither stored nor looked up in them: another
-    process with another SPECD_FEW_ROW_GEMMS would be handed them."""
+def _few_rows_backend(kind: str, options: tuple):
+    """Inductor with few_rows_decompositions(kind) and the given options: one backend object for every layer (Dynamo
+    guards on the backend: one per layer would recompile the region for each). Neither cache of compiled graphs keys
+    on the decompositions, so these graphs are neither stored nor looked up in them: another process with another
+    SPECD_FEW_ROW_GEMMS would be handed them."""
     from torch._inductor.compile_fx import compile_fx
 
     table = few_rows_decompositions(kind)
-    options = _FEW_ROWS | {"triton.enable_pdl": dependent, "fx_graph_cache": False,
-                           "coordinate_descent_tuning": kind != "reductions"}
+    patches = dict(options) | {"fx_graph_cache": False}
 
     def backend(graph, example_inputs):
         with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(graph, example_inputs, config_patches=options, decompositions=table)
+            return compile_fx(graph, example_inputs, config_patches=patches, decompositions=table)
     return backend
 
 
 def _compiled(method, static_token_counts: set[int], device: torch.device, kind: str = "cublas"):
     """method compiled for one token (batch-1 decode), statically for the other given token counts (verify
-    steps, small batches: their GEMMs of a few rows as `kind` says, SPECD_FEW_ROW_GEMMS), and dynamically for
-    everything else.
+    steps), and dynamically for everything else; GEMMs of a few rows as `kind` says (SPECD_FEW_ROW_GEMMS): under
+    "triton" in the static and the dynamic graphs, under "reductions" in the static ones.
 
     cuBLAS picks poor kernels for one-row GEMMs of small models: Qwen3-0.6B's o_proj (1024 x 2048) takes
     6.1 us for a 1.4 us weight read on an H100. Inductor rewrites a one-row GEMM as a reduction (tuned by
@@ -144,13 +150,18 @@ def _compiled(method, static_token_counts: set[int], device: torch.device, kind:
     CUDA graph capture before the service reports SERVING.
     """
     launch = {"triton.enable_pdl": pdl.enabled(device)}  # Inductor's kernels too (pdl.py)
-    dynamic = torch.compile(method, dynamic=True, fullgraph=True, options=launch)
-    one_row = torch.compile(method, dynamic=False, fullgraph=True, options=_ONE_ROW | launch)
-    if kind == "cublas":
-        few_rows = torch.compile(method, dynamic=False, fullgraph=True, options=_FEW_ROWS | launch)
-    else:
-        few_rows = torch.compile(method, dynamic=False, fullgraph=True,
-                                 backend=_few_rows_backend(kind, pdl.enabled(device)))
+
+    def compiled(dynamic: bool, options: dict, decomposed: bool):
+        if not decomposed:
+            return torch.compile(method, dynamic=dynamic, fullgraph=True, options=options)
+        if kind == "reductions":
+            options = options | {"coordinate_descent_tuning": False}
+        backend = _few_rows_backend(kind, tuple(sorted(options.items())))
+        return torch.compile(method, dynamic=dynamic, fullgraph=True, backend=backend)
+
+    dynamic = compiled(True, launch, decomposed=kind == "triton")
+    one_row = compiled(False, _ONE_ROW | launch, decomposed=False)
+    few_rows = compiled(False, _FEW_ROWS | launch, decomposed=kind != "cublas")
 
     def run(hidden: torch.Tensor, *args):
         tokens = hidden.shape[0]
