@@ -207,8 +207,8 @@ for part in "$@"; do
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-560}" "${SOAK[@]}" --duration "${SOAK_S:-420}" \
         --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
       echo "== soak (exit $?)"; tail -n 20 "$OUT/soak.log" ;;
-    gputests) default_model || continue
-      bash tools/device_run.sh tests ;;
+    gputests) default_model || continue  # the real weights' tests skip unless the variable names the converted GGUF
+      SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-540}" bash tools/device_run.sh tests ;;
     kernels) trace_kernels ;;
     timeline | timeline_real)  # the engine's loop at one request, k = 0 / 4: a step's time beyond its kernels
       if [ "$part" = timeline ]; then random_model; model=/tmp/models/smollm2-135m; else
