@@ -6,8 +6,8 @@ For each row count, one CUDA graph per kind holds every layer's four projections
 model's shapes, one after another on the stream as in a step (each layer's own weights: the model's weights do
 not fit in L2), the Triton GEMM launched with PDL where the card has it. Its replays are timed with CUDA events;
 the table gives the device time per step and triton / cublas, for each of the Triton GEMM's row tiles
-(--block-m). SPECD_FEW_ROW_GEMMS's row limit (model/compile.py TRITON_ROWS_MAX) comes from where the ratio
-crosses 1.
+(--block-m), with K split where its column tiles leave SMs idle and without (--split-k). SPECD_FEW_ROW_GEMMS's row
+limit (model/compile.py TRITON_ROWS_MAX) comes from where the ratio crosses 1.
 """
 from __future__ import annotations
 
@@ -63,14 +63,18 @@ def main() -> None:
     parser.add_argument("--model", default="default", help="a checkpoint folder (its config alone is read)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 8, 10, 16, 32])
     parser.add_argument("--block-m", type=int, nargs="+", default=[16], help="the Triton GEMM's row tiles to time")
+    parser.add_argument("--split-k", choices=["on", "off", "both"], default="both",
+                        help="the Triton GEMM with K split where its column tiles leave SMs idle, without, or both")
     parser.add_argument("--replays", type=int, default=50)
     args = parser.parse_args()
     from specd.default_model import resolve_model_path
 
     config = load_model_config(resolve_model_path(args.model))
     layers = weights(config, torch.bfloat16)
-    kinds = {"cublas": F.linear} | {f"triton m{m}": functools.partial(triton_linear.linear, block_m=m)
-                                     for m in args.block_m}
+    splits = {"on": [True], "off": [False], "both": [True, False]}[args.split_k]
+    kinds = {"cublas": F.linear} | {f"triton m{m}{'' if split else ' whole K'}":
+                                    functools.partial(triton_linear.linear, block_m=m, split_k=split)
+                                    for m in args.block_m for split in splits}
     print(f"{torch.cuda.get_device_name()}: {config.num_layers} layers x 4 projections, bfloat16, us a step "
           f"(triton / cublas)")
     print(f"{'rows':>5} " + " ".join(f"{kind:>20}" for kind in kinds))

@@ -18,6 +18,8 @@ ONEDNN_LINEAR = "SPECD_ONEDNN_LINEAR"
 TRITON_VERIFY = "SPECD_TRITON_VERIFY"
 PDL = "SPECD_PDL"
 FEW_ROW_GEMMS = "SPECD_FEW_ROW_GEMMS"
+FEW_ROW_GEMMS_MAX_ROWS = "SPECD_FEW_ROW_GEMMS_MAX_ROWS"
+FEW_ROW_GEMMS_SPLIT_K = "SPECD_FEW_ROW_GEMMS_SPLIT_K"
 PIECEWISE_GRAPHS = "SPECD_PIECEWISE_GRAPHS"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
@@ -91,6 +93,27 @@ def few_row_gemms(default: str) -> str:
     if value not in FEW_ROW_GEMM_KINDS:
         raise ValueError(f"{FEW_ROW_GEMMS}={value!r}: expected one of {', '.join(FEW_ROW_GEMM_KINDS)}")
     return value
+
+
+def few_row_gemms_max_rows(default: int) -> int:
+    """The most rows a GEMM of the compiled graphs computes as SPECD_FEW_ROW_GEMMS says (more: cuBLAS)."""
+    value = _get(FEW_ROW_GEMMS_MAX_ROWS)
+    if value is None:
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= FEW_ROW_GEMMS_MAX_ROWS_LIMIT:
+        raise ValueError(f"{FEW_ROW_GEMMS_MAX_ROWS}={value!r}: expected a whole number in "
+                         f"1..{FEW_ROW_GEMMS_MAX_ROWS_LIMIT}")
+    return int(value)
+
+
+def few_row_gemms_split_k() -> bool:
+    """The Triton few-row GEMM splits K where its column tiles leave SMs idle (off with "0": whole K a program)."""
+    return _switched_on(FEW_ROW_GEMMS_SPLIT_K)
+
+
+# The warm-up's long prompt (engine/warm_up.py, a KV block and 101 tokens) must be longer, so that a dynamic graph's
+# both sides of the limit compile before the service reports SERVING.
+FEW_ROW_GEMMS_MAX_ROWS_LIMIT = 256
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

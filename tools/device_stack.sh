@@ -40,6 +40,9 @@
 #           the real weights
 # fewrows : `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas)
 # gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
+# envs_stack: the real weights through the stack once under each VAR=value of ENVS, 1 and 16 clients (ENVS_CLIENTS),
+#           k = 0 and 4, memory off, stack only
+# splitk  : `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0)
 # fewrows_stack: the real weights through the stack, 1 and 16 clients, k = 0 and 4, memory off, with
 #           SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton) then FEWROWS_BASE (cublas), stack only
 # kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
@@ -232,6 +235,22 @@ for part in "$@"; do
       for kind in ${FEWROWS:-triton} ${FEWROWS_BASE-cublas}; do
         SPECD_FEW_ROW_GEMMS=$kind LIMIT=${FEWROWS_LIMIT:-220} stack . "fewrows_stack_$kind" --clients 1 16 --ks 0 4 \
           --num-requests 128 --batch1-requests 24 --no-engine
+      done ;;
+    envs_stack) default_model || continue  # the real weights through the stack once under each assignment of
+      i=0  # ENVS (e.g. "SPECD_FEW_ROW_GEMMS_MAX_ROWS=128 SPECD_FEW_ROW_GEMMS_MAX_ROWS=64"), at ENVS_CLIENTS (1 16),
+      for assignment in ${ENVS:?}; do  # k = 0 and 4, memory off, stack only
+        i=$((i + 1)); echo "== run $i: $assignment"
+        # shellcheck disable=SC2086
+        (export "${assignment?}"; LIMIT=${ENVS_LIMIT:-200} stack . "envs_$i" --clients ${ENVS_CLIENTS:-1 16} --ks 0 4 \
+          --num-requests ${ENVS_REQUESTS:-256} --batch1-requests ${ENVS_BATCH1:-32} --no-engine)
+      done ;;
+    splitk)  # `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0), random weights
+      random_model
+      for split in ${SPLITK:-1 0}; do
+        SPECD_FEW_ROW_GEMMS_SPLIT_K=$split timeout "${FEWROWS_LIMIT:-200}" python3 -m bench.step_timeline \
+          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/splitk_$split.json" \
+          > "$OUT/splitk_$split.log" 2>&1
+        echo "== SPECD_FEW_ROW_GEMMS_SPLIT_K=$split (exit $?)"; grep -v Warning "$OUT/splitk_$split.log" | tail -n 5
       done ;;
     lineartests)  # the Triton GEMM's tests and the deterministic mode's kernel tests (no weights needed)
       timeout "${LIMIT:-300}" python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_triton_linear.py \

@@ -119,3 +119,19 @@ def test_the_default_is_triton_where_pdl_is_on_for_one_gpu(monkeypatch, pdl_on, 
     assert compile_module.few_row_kind(torch.device("cpu"), sharded) == expected
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS", "reductions")
     assert compile_module.few_row_kind(torch.device("cpu"), sharded) == "reductions"
+
+
+@pytest.mark.parametrize("rows, expected", [(128, "specd.few_rows_mm.default"), (129, "aten.mm.default")])
+def test_the_row_limit_follows_its_variable(monkeypatch, rows, expected):
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_MAX_ROWS", "128")
+    ops, _, _ = traced(rows, "triton", mode="fake")
+    assert expected in ops, ops
+    ops, _, _ = traced(REDUCTION_ROWS_MAX + 1, "reductions")  # reductions keep their own limit
+    assert "aten.mm.default" in ops, ops
+
+
+@pytest.mark.parametrize("value", ["0", "257", "64.5", "many"])
+def test_a_row_limit_out_of_range_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_MAX_ROWS", value)
+    with pytest.raises(ValueError, match="SPECD_FEW_ROW_GEMMS_MAX_ROWS"):
+        few_rows_decompositions("triton")

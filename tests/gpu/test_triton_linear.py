@@ -1,7 +1,7 @@
 """kernels/triton_linear.py's GEMM and the compiled graphs that call it (SPECD_FEW_ROW_GEMMS=triton): it computes
-x @ W.T (+ bias) within bf16's rounding of cuBLAS, float32 in float32, any strides; a row's bits do not depend on the
-rows beside it; and a compiled few-row region that calls it, captured in a CUDA graph and replayed with new data,
-gives what its eager twin gives."""
+x @ W.T (+ bias) within bf16's rounding of cuBLAS, float32 in float32, any strides, with K split or whole; a row's
+bits do not depend on the rows beside it; and a compiled few-row region that calls it, captured in a CUDA graph and
+replayed with new data, gives what its eager twin gives."""
 from __future__ import annotations
 
 import pytest
@@ -16,9 +16,14 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+@pytest.mark.parametrize("split_k", [True, False])
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_matches_cublas_and_rows_do_not_depend_on_the_rows_beside_them(block_m):
-    from verifier_service.kernels.triton_linear import linear
+def test_matches_cublas_and_rows_do_not_depend_on_the_rows_beside_them(block_m, split_k):
+    import functools
+
+    from verifier_service.kernels import triton_linear
+
+    linear = functools.partial(triton_linear.linear, split_k=split_k)
 
     gen = torch.Generator(device="cuda").manual_seed(block_m)
     for out_features, in_features in SHAPES:

@@ -3,8 +3,8 @@
 It launches with PDL, where cuBLAS's kernels do not: a batch-1 verify step's 4 GEMMs a layer are then launched while
 the kernel before them finishes, as a decode step's (Inductor's reductions) already are. GEMMs of up to 64 rows
 take it where PDL is on (SPECD_FEW_ROW_GEMMS, model/compile.py): the default model's k = 4 step through the stack at
-batch 1 takes 0.72-0.74 against 0.79-0.84 ms with cuBLAS (H200, docs/BENCHMARKS.md round 37), a 64-client step
-1.77-1.91 against 2.57-2.67 ms (round 38).
+batch 1 takes 0.72-0.74 against 0.79-0.84 ms with cuBLAS (H200, docs/BENCHMARKS.md round 37); at 64 clients two
+calls disagree (rounds 38-39).
 
 Each output tile is one program and its sum over K runs in BLOCK_K steps in one order, the tiles fixed by the
 weight's shape and block_m: a row's bits do not depend on the rows beside it. The deterministic mode tried it for
@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specd import environment
 from verifier_service.kernels import pdl
 from verifier_service.kernels.triton_pdl import prologue
 
@@ -63,6 +64,48 @@ def _linear_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xk,
              mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+@triton.jit
+def _partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, K_SPLIT, stride_xm, stride_xk, stride_wn, stride_wk,
+                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PDL: tl.constexpr):
+    """One tile's sum over one of K's splits (program_id(2)), in float32 into part [split, M, N]."""
+    split = tl.program_id(2)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = split * K_SPLIT
+    end = tl.minimum(first + K_SPLIT, K)
+    ks = first + tl.arange(0, BLOCK_K)
+    w = _w_tile(w_ptr, cols, ks, N, end, stride_wn, stride_wk)  # a weight: no kernel writes it
+    prologue(PDL)
+    x = _x_tile(x_ptr, rows, ks, M, end, stride_xm, stride_xk)
+    acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
+    for start in range(first + BLOCK_K, end, BLOCK_K):
+        x = _x_tile(x_ptr, rows, start + tl.arange(0, BLOCK_K), M, end, stride_xm, stride_xk)
+        w = _w_tile(w_ptr, cols, start + tl.arange(0, BLOCK_K), N, end, stride_wn, stride_wk)
+        acc = _dot(x, w, acc, IEEE)
+    tl.store(part_ptr + split * M * N + rows[:, None] * N + cols[None, :], acc,
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """y [row, cols] = the splits' partial sums added in split order (+ bias): the same order for any M."""
+    row = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    if HAS_BIAS:  # a weight: no kernel writes it
+        bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros((BLOCK,), dtype=tl.float32)
+    prologue(PDL)
+    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0)
+    for split in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + split * M * N + row * N + cols, mask=mask, other=0.0)
+    acc += bias
+    tl.store(y_ptr + row * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def tiles(out_features: int, block_m: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight of out_features rows: from the weight's shape and
     block_m alone, so every step of any row count runs the same tiles. Narrow column tiles for narrow weights keep
@@ -71,9 +114,30 @@ def tiles(out_features: int, block_m: int) -> tuple[int, int, int, int]:
     return block_n, 64 if block_m > 16 else 128, 4, 3
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16) -> torch.Tensor:
+# Programs a GEMM aims for: the default model's projections are 576-3,072 wide, 18-48 column tiles, so most of an
+# H200's 132 SMs would idle through K's loop; split K until the tiles of 16 rows reach this many programs.
+TARGET_PROGRAMS = 128
+SPLIT_BLOCK_K = 64  # K's step within a split
+
+
+def k_split(out_features: int, in_features: int, block_m: int) -> int:
+    """The K elements each program sums (a multiple of SPLIT_BLOCK_K; in_features: no split), from the weight's
+    shape and block_m alone, so that a row's bits do not depend on the rows beside it."""
+    block_n = tiles(out_features, block_m)[0]
+    column_tiles = -(-out_features // block_n)
+    steps = -(-in_features // SPLIT_BLOCK_K)
+    splits = min(steps, -(-TARGET_PROGRAMS // column_tiles))
+    if splits <= 1:
+        return in_features
+    return SPLIT_BLOCK_K * -(-steps // splits)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
+           split_k: bool | None = None) -> torch.Tensor:
     """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32; block_m: the
-    row tile (16, tl.dot's smallest, for a few rows)."""
+    row tile (16, tl.dot's smallest, for a few rows); split_k (None: SPECD_FEW_ROW_GEMMS_SPLIT_K, on by default): K
+    in splits (k_split) where the column tiles alone leave SMs idle, each split's sum in float32 and the splits
+    added in order by a second kernel."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
@@ -81,9 +145,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return y
     block_n, block_k, warps, stages = tiles(n, block_m)
     dependent = pdl.enabled(x.device)
+    if split_k is None:
+        split_k = environment.few_row_gemms_split_k()
+    per_split = k_split(n, k, block_m) if split_k else k
+    if per_split < k:
+        return _split_linear(x, weight, bias, y, block_m, block_n, per_split, dependent)
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _linear_kernel[grid](x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0), x.stride(1),
                          weight.stride(0), weight.stride(1), y.stride(0), HAS_BIAS=bias is not None,
                          IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                          PDL=dependent, num_warps=warps, num_stages=stages, launch_pdl=dependent)
+    return y
+
+
+def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int, dependent: bool) -> torch.Tensor:
+    rows, k = x.shape
+    n = weight.shape[0]
+    splits = triton.cdiv(k, per_split)
+    part = torch.empty(splits, rows, n, device=x.device, dtype=torch.float32)
+    _partial_kernel[(triton.cdiv(n, block_n), triton.cdiv(rows, block_m), splits)](
+        x, weight, part, rows, n, k, per_split, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+        IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SPLIT_BLOCK_K, PDL=dependent,
+        num_warps=4, num_stages=2, launch_pdl=dependent)
+    block = 256
+    _sum_splits_kernel[(triton.cdiv(n, block), rows)](
+        part, bias if bias is not None else weight, y, rows, n, y.stride(0), SPLITS=splits, HAS_BIAS=bias is not None,
+        BLOCK=block, PDL=dependent, num_warps=4, launch_pdl=dependent)
     return y

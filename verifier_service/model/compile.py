@@ -87,7 +87,15 @@ def _triton(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torc
     return torch.ops.specd.few_rows_mm(a, b, bias)
 
 
-_PRODUCTS = {"triton": (_triton, TRITON_ROWS_MAX), "reductions": (_reduction, REDUCTION_ROWS_MAX)}
+_PRODUCTS = {"triton": _triton, "reductions": _reduction}
+
+
+def few_rows_max(kind: str) -> int:
+    """The most rows a GEMM computes as `kind` says: under "triton" TRITON_ROWS_MAX unless
+    SPECD_FEW_ROW_GEMMS_MAX_ROWS says otherwise (the crossover with cuBLAS differs by card and model)."""
+    if kind == "reductions":
+        return REDUCTION_ROWS_MAX
+    return environment.few_row_gemms_max_rows(TRITON_ROWS_MAX)
 
 
 def _few_rows(product, max_rows: int):
@@ -111,7 +119,7 @@ def few_rows_decompositions(kind: str) -> dict:
     from verifier_service.kernels import linear_op  # noqa: F401 (registers torch.ops.specd.few_rows_mm)
 
     aten = torch.ops.aten
-    mm, addmm = _few_rows(*_PRODUCTS[kind])
+    mm, addmm = _few_rows(_PRODUCTS[kind], few_rows_max(kind))
     return {**select_decomp_table(), aten.mm.default: mm, aten.addmm.default: addmm}
 
 
