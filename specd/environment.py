@@ -107,8 +107,9 @@ def few_row_gemms_max_rows(default: int) -> int:
 
 
 def few_row_gemms_split_k() -> bool:
-    """The Triton few-row GEMM splits K where its column tiles leave SMs idle (off with "0": whole K a program)."""
-    return _switched_on(FEW_ROW_GEMMS_SPLIT_K)
+    """The Triton few-row GEMM splits K where its column tiles leave SMs idle (on with "1"; off by default: whole K
+    a program)."""
+    return os.environ.get(FEW_ROW_GEMMS_SPLIT_K, "0") == "1"
 
 
 # The warm-up's long prompt (engine/warm_up.py, a KV block and 101 tokens) must be longer, so that a dynamic graph's

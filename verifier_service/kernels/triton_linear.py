@@ -135,7 +135,7 @@ def k_split(out_features: int, in_features: int, block_m: int) -> int:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
            split_k: bool | None = None) -> torch.Tensor:
     """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32; block_m: the
-    row tile (16, tl.dot's smallest, for a few rows); split_k (None: SPECD_FEW_ROW_GEMMS_SPLIT_K, on by default): K
+    row tile (16, tl.dot's smallest, for a few rows); split_k (None: SPECD_FEW_ROW_GEMMS_SPLIT_K, off by default): K
     in splits (k_split) where the column tiles alone leave SMs idle, each split's sum in float32 and the splits
     added in order by a second kernel."""
     rows, k = x.shape
