@@ -149,9 +149,10 @@ for part in "$@"; do
       # shellcheck disable=SC2086
       LIMIT=150 stack .device/old spec_old --clients ${SPEC_CLIENTS:-1 16} --ks 0 4 $requests --no-engine \
         --port-offset 900 ;;
-    ab)  # this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64), k = 0 and 4, stack;
-      # 768 requests a run (SPEC_REQUESTS): at 64 clients 256 took 1.4-1.8 s, and one run of each disagreed (round 39)
-      default_model || continue  # only (the engine alone once, first, beside this tree's first run)
+    ab)  # this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64), k = 0 and 4, stack
+      # only (the engine alone once, first, beside this tree's first run); 768 requests a run (SPEC_REQUESTS): at 64
+      # clients 256 took 1.4-1.8 s, and one run of each tree disagreed with another (round 39)
+      default_model || continue
       requests="--num-requests ${SPEC_REQUESTS:-768} --batch1-requests ${SPEC_BATCH1:-48} --ks 0 4"
       # shellcheck disable=SC2086
       for round in ${AB_ROUNDS:-1 2}; do
