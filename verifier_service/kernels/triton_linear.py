@@ -12,6 +12,10 @@ every linear and kept cuBLAS's 64-row GEMMs (model/invariant_layers.py): batch-1
 2.39x (64-row) the default mode's, against 1.64x with cuBLAS in round 29.
 
 The first weight tile loads before the prologue's wait: no kernel writes a weight, only x waits for the kernel before.
+
+With SPECD_FEW_ROW_GEMMS_SPLIT_K=1 a weight whose column tiles leave most SMs idle has K split (k_split, from its
+shape alone), each split summed into a float32 buffer and the splits added in order by a second kernel: a batch-1
+k = 4 verify step's device time 0.89x, a step's 64-row GEMMs 1.10x slower (H200, docs/BENCHMARKS.md round 39).
 """
 from __future__ import annotations
 
