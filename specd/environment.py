@@ -95,6 +95,11 @@ def few_row_gemms(default: str) -> str:
     return value
 
 
+# The warm-up's long prompt (engine/warm_up.py, a KV block and 101 tokens) must be longer, so that a dynamic graph's
+# both sides of the limit compile before the service reports SERVING.
+FEW_ROW_GEMMS_MAX_ROWS_LIMIT = 256
+
+
 def few_row_gemms_max_rows(default: int) -> int:
     """The most rows a GEMM of the compiled graphs computes as SPECD_FEW_ROW_GEMMS says (more: cuBLAS)."""
     value = _get(FEW_ROW_GEMMS_MAX_ROWS)
@@ -110,11 +115,6 @@ def few_row_gemms_split_k() -> bool:
     """The Triton few-row GEMM splits K where its column tiles leave SMs idle (on with "1"; off by default: whole K
     a program)."""
     return os.environ.get(FEW_ROW_GEMMS_SPLIT_K, "0") == "1"
-
-
-# The warm-up's long prompt (engine/warm_up.py, a KV block and 101 tokens) must be longer, so that a dynamic graph's
-# both sides of the limit compile before the service reports SERVING.
-FEW_ROW_GEMMS_MAX_ROWS_LIMIT = 256
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

@@ -102,6 +102,17 @@ trace_kernels() {  # one decode and one verify step's kernels (k = 4, CUDA graph
   echo "== kernels"; tail -n 40 "$OUT/kernels.log"
 }
 
+timelines_under() {  # timelines_under NAME VAR VALUE...: bench.step_timeline (random weights) once with VAR=each VALUE
+  local name=$1 var=$2 value; shift 2
+  random_model
+  for value in "$@"; do
+    # shellcheck disable=SC2086  # FEWROWS_ARGS: more bench.step_timeline arguments
+    env "$var=$value" timeout "${FEWROWS_LIMIT:-200}" python3 -m bench.step_timeline --model /tmp/models/smollm2-135m \
+      --device cuda --steps 300 --out "$OUT/${name}_$value.json" -- ${FEWROWS_ARGS:-} > "$OUT/${name}_$value.log" 2>&1
+    echo "== $var=$value (exit $?)"; grep -v Warning "$OUT/${name}_$value.log" | tail -n 5
+  done
+}
+
 # The soak's command (the real weights, two verifiers sharing the GPU, 64 clients); SOAK_ARGS: more of its arguments
 # shellcheck disable=SC2206
 SOAK=(python3 -m bench.soak --device cuda --dtype bfloat16 --kv-cache-bytes $((8 << 30)) --clients 64 ${SOAK_ARGS:-})
@@ -222,13 +233,8 @@ for part in "$@"; do
         --device cuda --ks 0 4 --steps 300 --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part"; grep -v Warning "$OUT/$part.log" | tail -n 24 ;;
     fewrows)  # `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas), random weights
-      random_model
-      for kind in ${FEWROWS:-triton} ${FEWROWS_BASE-cublas}; do
-        SPECD_FEW_ROW_GEMMS=$kind timeout "${FEWROWS_LIMIT:-200}" python3 -m bench.step_timeline \
-          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/fewrows_$kind.json" \
-          -- ${FEWROWS_ARGS:-} > "$OUT/fewrows_$kind.log" 2>&1
-        echo "== SPECD_FEW_ROW_GEMMS=$kind (exit $?)"; grep -v Warning "$OUT/fewrows_$kind.log" | tail -n 5
-      done ;;
+      # shellcheck disable=SC2086
+      timelines_under fewrows SPECD_FEW_ROW_GEMMS ${FEWROWS:-triton} ${FEWROWS_BASE-cublas} ;;
     gemmrows)  # bench.few_rows_gemm: a step's projections by row count, cuBLAS against the Triton GEMM (random weights)
       random_model
       timeout 200 python3 -m bench.few_rows_gemm --model /tmp/models/smollm2-135m ${GEMMROWS_ARGS:-} > "$OUT/gemmrows.log" 2>&1
@@ -247,13 +253,8 @@ for part in "$@"; do
           --num-requests ${ENVS_REQUESTS:-256} --batch1-requests ${ENVS_BATCH1:-32} --no-engine)
       done ;;
     splitk)  # `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0), random weights
-      random_model
-      for split in ${SPLITK:-1 0}; do
-        SPECD_FEW_ROW_GEMMS_SPLIT_K=$split timeout "${FEWROWS_LIMIT:-200}" python3 -m bench.step_timeline \
-          --model /tmp/models/smollm2-135m --device cuda --steps 300 --out "$OUT/splitk_$split.json" \
-          > "$OUT/splitk_$split.log" 2>&1
-        echo "== SPECD_FEW_ROW_GEMMS_SPLIT_K=$split (exit $?)"; grep -v Warning "$OUT/splitk_$split.log" | tail -n 5
-      done ;;
+      # shellcheck disable=SC2086
+      timelines_under splitk SPECD_FEW_ROW_GEMMS_SPLIT_K ${SPLITK:-1 0} ;;
     lineartests)  # the Triton GEMM's tests and the deterministic mode's kernel tests (no weights needed)
       timeout "${LIMIT:-300}" python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_triton_linear.py \
         "tests/gpu/test_deterministic_cuda.py::test_linear_rows_do_not_depend_on_the_rows_beside_them" \

@@ -24,6 +24,8 @@ def test_matches_cublas_and_rows_do_not_depend_on_the_rows_beside_them(block_m, 
     from verifier_service.kernels import triton_linear
 
     linear = functools.partial(triton_linear.linear, split_k=split_k)
+    if split_k:  # the narrow shapes do take the split path
+        assert [triton_linear.k_split(n, k, block_m) < k for n, k in SHAPES[:4]] == [True] * 4
 
     gen = torch.Generator(device="cuda").manual_seed(block_m)
     for out_features, in_features in SHAPES:
@@ -50,11 +52,16 @@ def test_float32_is_not_tf32_and_strided_inputs_are_read_as_they_lie():
     assert torch.equal(linear(x, transposed), out)
 
 
+@pytest.mark.parametrize("split_k", ["0", "1"])  # SPECD_FEW_ROW_GEMMS_SPLIT_K: whole K (the default), K split
 @pytest.mark.parametrize("setting", ["triton", None])  # None: the default where PDL is on (Hopper and later)
 @torch.inference_mode()
-def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, setting):
+def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, request, setting, split_k):
     from verifier_service.kernels import pdl, triton_linear
     from verifier_service.model import compile as compile_module
+
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", split_k)
+    triton_linear._split_k_by_default.cache_clear()  # read once per process: again for this setting, and after it
+    request.addfinalizer(triton_linear._split_k_by_default.cache_clear)
 
     if setting is None:
         if not pdl.enabled(torch.device("cuda")):

@@ -19,6 +19,8 @@ k = 4 verify step's device time 0.89x, a step's 64-row GEMMs 1.10x slower (H200,
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -48,20 +50,31 @@ def _w_tile(w_ptr, cols, k, N, K, stride_wn, stride_wk):  # [BLOCK_K, BLOCK_N]: 
 
 
 @triton.jit
+def _tile_sum(x_ptr, w_ptr, rows, cols, first, end, M, N, stride_xm, stride_xk, stride_wn, stride_wk,
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              PDL: tl.constexpr):
+    """The [rows, cols] tile's sum over K's elements first..end, BLOCK_K at a time in one order, in float32; the
+    first weight tile loads before the prologue's wait (no kernel writes a weight)."""
+    ks = first + tl.arange(0, BLOCK_K)
+    w = _w_tile(w_ptr, cols, ks, N, end, stride_wn, stride_wk)
+    prologue(PDL)
+    x = _x_tile(x_ptr, rows, ks, M, end, stride_xm, stride_xk)
+    acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
+    for start in range(first + BLOCK_K, end, BLOCK_K):
+        x = _x_tile(x_ptr, rows, start + tl.arange(0, BLOCK_K), M, end, stride_xm, stride_xk)
+        w = _w_tile(w_ptr, cols, start + tl.arange(0, BLOCK_K), N, end, stride_wn, stride_wk)
+        acc = _dot(x, w, acc, IEEE)
+    return acc
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    w = _w_tile(w_ptr, cols, ks, N, K, stride_wn, stride_wk)  # a weight: no kernel writes it
-    prologue(PDL)
-    x = _x_tile(x_ptr, rows, ks, M, K, stride_xm, stride_xk)
-    acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
-    for start in range(BLOCK_K, K, BLOCK_K):
-        x = _x_tile(x_ptr, rows, start + ks, M, K, stride_xm, stride_xk)
-        w = _w_tile(w_ptr, cols, start + ks, N, K, stride_wn, stride_wk)
-        acc = _dot(x, w, acc, IEEE)
+    acc = _tile_sum(x_ptr, w_ptr, rows, cols, 0, K, M, N, stride_xm, stride_xk, stride_wn, stride_wk,
+                    IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -77,16 +90,8 @@ def _partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, K_SPLIT, stride_xm, stride_
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     first = split * K_SPLIT
-    end = tl.minimum(first + K_SPLIT, K)
-    ks = first + tl.arange(0, BLOCK_K)
-    w = _w_tile(w_ptr, cols, ks, N, end, stride_wn, stride_wk)  # a weight: no kernel writes it
-    prologue(PDL)
-    x = _x_tile(x_ptr, rows, ks, M, end, stride_xm, stride_xk)
-    acc = _dot(x, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
-    for start in range(first + BLOCK_K, end, BLOCK_K):
-        x = _x_tile(x_ptr, rows, start + tl.arange(0, BLOCK_K), M, end, stride_xm, stride_xk)
-        w = _w_tile(w_ptr, cols, start + tl.arange(0, BLOCK_K), N, end, stride_wn, stride_wk)
-        acc = _dot(x, w, acc, IEEE)
+    acc = _tile_sum(x_ptr, w_ptr, rows, cols, first, tl.minimum(first + K_SPLIT, K), M, N, stride_xm, stride_xk,
+                    stride_wn, stride_wk, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
     tl.store(part_ptr + split * M * N + rows[:, None] * N + cols[None, :], acc,
              mask=(rows[:, None] < M) & (cols[None, :] < N))
 
@@ -124,6 +129,7 @@ TARGET_PROGRAMS = 128
 SPLIT_BLOCK_K = 64  # K's step within a split
 
 
+@functools.cache
 def k_split(out_features: int, in_features: int, block_m: int) -> int:
     """The K elements each program sums (a multiple of SPLIT_BLOCK_K; in_features: no split), from the weight's
     shape and block_m alone, so that a row's bits do not depend on the rows beside it."""
@@ -150,7 +156,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     block_n, block_k, warps, stages = tiles(n, block_m)
     dependent = pdl.enabled(x.device)
     if split_k is None:
-        split_k = environment.few_row_gemms_split_k()
+        split_k = _split_k_by_default()
     per_split = k_split(n, k, block_m) if split_k else k
     if per_split < k:
         return _split_linear(x, weight, bias, y, block_m, block_n, per_split, dependent)
@@ -160,6 +166,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                          IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                          PDL=dependent, num_warps=warps, num_stages=stages, launch_pdl=dependent)
     return y
+
+
+@functools.cache
+def _split_k_by_default() -> bool:
+    """SPECD_FEW_ROW_GEMMS_SPLIT_K, read once per process: linear runs for every GEMM of an eager step."""
+    return environment.few_row_gemms_split_k()
 
 
 def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int, dependent: bool) -> torch.Tensor:
