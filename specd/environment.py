@@ -111,10 +111,17 @@ def few_row_gemms_max_rows(default: int) -> int:
     return int(value)
 
 
-def few_row_gemms_split_k() -> bool:
-    """The Triton few-row GEMM splits K where its column tiles leave SMs idle (on with "1"; off by default: whole K
-    a program)."""
-    return os.environ.get(FEW_ROW_GEMMS_SPLIT_K, "0") == "1"
+FEW_ROW_GEMMS_SPLIT_K_VALUES = ("0", "1", "tile")
+
+
+def few_row_gemms_split_k() -> str:
+    """Where the Triton few-row GEMM splits K where its column tiles leave SMs idle: "0" (the default) in no GEMM
+    (one program sums all of K), "1" in every GEMM, "tile" in GEMMs of one row tile only."""
+    value = _get(FEW_ROW_GEMMS_SPLIT_K) or "0"
+    if value not in FEW_ROW_GEMMS_SPLIT_K_VALUES:
+        expected = ", ".join(FEW_ROW_GEMMS_SPLIT_K_VALUES)
+        raise ValueError(f"{FEW_ROW_GEMMS_SPLIT_K}={value!r}: expected one of {expected}")
+    return value
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

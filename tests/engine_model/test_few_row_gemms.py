@@ -135,3 +135,16 @@ def test_a_row_limit_out_of_range_is_refused_naming_the_variable(monkeypatch, va
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_MAX_ROWS", value)
     with pytest.raises(ValueError, match="SPECD_FEW_ROW_GEMMS_MAX_ROWS"):
         few_rows_decompositions("triton")
+
+
+def test_the_k_split_setting_defaults_to_whole_k_and_refuses_others_naming_the_variable(monkeypatch):
+    from specd import environment
+
+    monkeypatch.delenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", raising=False)
+    assert environment.few_row_gemms_split_k() == "0"
+    for value in ("0", "1", "tile"):
+        monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", value)
+        assert environment.few_row_gemms_split_k() == value
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", "yes")
+    with pytest.raises(ValueError, match="SPECD_FEW_ROW_GEMMS_SPLIT_K"):
+        environment.few_row_gemms_split_k()

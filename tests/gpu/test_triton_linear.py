@@ -1,7 +1,8 @@
 """kernels/triton_linear.py's GEMM and the compiled graphs that call it (SPECD_FEW_ROW_GEMMS=triton): it computes
 x @ W.T (+ bias) within bf16's rounding of cuBLAS, float32 in float32, any strides, with K split or whole; a row's
-bits do not depend on the rows beside it; and a compiled few-row region that calls it, captured in a CUDA graph and
-replayed with new data, gives what its eager twin gives."""
+bits do not depend on the rows beside it (K split or whole); under "tile" K is split in GEMMs of one row tile only;
+and a compiled few-row region that calls it, captured in a CUDA graph and replayed with new data, gives what its
+eager twin gives."""
 from __future__ import annotations
 
 import pytest
@@ -40,6 +41,24 @@ def test_matches_cublas_and_rows_do_not_depend_on_the_rows_beside_them(block_m, 
                               whole[first:first + rows]), (out_features, in_features, rows, first)
 
 
+def test_under_tile_k_is_split_in_gemms_of_one_row_tile_only(monkeypatch):
+    from verifier_service.kernels import triton_linear
+
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", "tile")
+    triton_linear._split_k_setting.cache_clear()
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        weight = torch.randn(576, 1536, device="cuda", generator=gen) * 0.05  # float32: the two sums' bits differ
+        x = torch.randn(64, 1536, device="cuda", generator=gen)
+        assert triton_linear.k_split(576, 1536, 16) < 1536
+        for rows, split in ((1, True), (5, True), (16, True), (17, False), (64, False)):
+            default = triton_linear.linear(x[:rows], weight)
+            assert torch.equal(default, triton_linear.linear(x[:rows], weight, split_k=split)), rows
+            assert not torch.equal(default, triton_linear.linear(x[:rows], weight, split_k=not split)), rows
+    finally:
+        triton_linear._split_k_setting.cache_clear()
+
+
 def test_float32_is_not_tf32_and_strided_inputs_are_read_as_they_lie():
     from verifier_service.kernels.triton_linear import linear
 
@@ -52,7 +71,7 @@ def test_float32_is_not_tf32_and_strided_inputs_are_read_as_they_lie():
     assert torch.equal(linear(x, transposed), out)
 
 
-@pytest.mark.parametrize("split_k", ["0", "1"])  # SPECD_FEW_ROW_GEMMS_SPLIT_K: whole K (the default), K split
+@pytest.mark.parametrize("split_k", ["0", "1", "tile"])  # SPECD_FEW_ROW_GEMMS_SPLIT_K: whole, split, one tile split
 @pytest.mark.parametrize("setting", ["triton", None])  # None: the default where PDL is on (Hopper and later)
 @torch.inference_mode()
 def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, request, setting, split_k):
@@ -60,8 +79,8 @@ def test_a_compiled_few_row_region_calls_it_inside_a_cuda_graph(monkeypatch, req
     from verifier_service.model import compile as compile_module
 
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", split_k)
-    triton_linear._split_k_by_default.cache_clear()  # read once per process: again for this setting, and after it
-    request.addfinalizer(triton_linear._split_k_by_default.cache_clear)
+    triton_linear._split_k_setting.cache_clear()  # read once per process: again for this setting, and after it
+    request.addfinalizer(triton_linear._split_k_setting.cache_clear)
 
     if setting is None:
         if not pdl.enabled(torch.device("cuda")):

@@ -13,9 +13,12 @@ every linear and kept cuBLAS's 64-row GEMMs (model/invariant_layers.py): batch-1
 
 The first weight tile loads before the prologue's wait: no kernel writes a weight, only x waits for the kernel before.
 
-With SPECD_FEW_ROW_GEMMS_SPLIT_K=1 a weight whose column tiles leave most SMs idle has K split (k_split, from its
-shape alone), each split summed into a float32 buffer and the splits added in order by a second kernel: a batch-1
-k = 4 verify step's device time 0.89x, a step's 64-row GEMMs 1.10x slower (H200, docs/BENCHMARKS.md round 39).
+SPECD_FEW_ROW_GEMMS_SPLIT_K ("1": every GEMM; "tile": GEMMs of one row tile; "0", the default: none) splits the K of a
+weight whose column tiles leave most SMs idle (k_split, from its shape alone), each split summed into a float32 buffer
+and the splits added in order by a second kernel. Split in every GEMM, a batch-1 k = 4 verify step's device time was
+0.89x in the engine's loop, a step's 64-row GEMMs 1.10x slower (H200, docs/BENCHMARKS.md round 39); split in one row
+tile, the stack with the real weights at one client was as fast as without, in both orders (round 40). Under "tile" a
+row's bits depend on whether its GEMM has more rows than one tile (the deterministic mode does not use this GEMM).
 """
 from __future__ import annotations
 
@@ -145,9 +148,9 @@ def k_split(out_features: int, in_features: int, block_m: int) -> int:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
            split_k: bool | None = None) -> torch.Tensor:
     """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32; block_m: the
-    row tile (16, tl.dot's smallest, for a few rows); split_k (None: SPECD_FEW_ROW_GEMMS_SPLIT_K, off by default): K
-    in splits (k_split) where the column tiles alone leave SMs idle, each split's sum in float32 and the splits
-    added in order by a second kernel."""
+    row tile (16, tl.dot's smallest, for a few rows); split_k (None: as SPECD_FEW_ROW_GEMMS_SPLIT_K says, by default
+    whole): K in splits (k_split) where the column tiles alone leave SMs idle, each split's sum
+    in float32 and the splits added in order by a second kernel."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
@@ -156,7 +159,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     block_n, block_k, warps, stages = tiles(n, block_m)
     dependent = pdl.enabled(x.device)
     if split_k is None:
-        split_k = _split_k_by_default()
+        setting = _split_k_setting()
+        split_k = setting == "1" or (setting == "tile" and rows <= block_m)
     per_split = k_split(n, k, block_m) if split_k else k
     if per_split < k:
         return _split_linear(x, weight, bias, y, block_m, block_n, per_split, dependent)
@@ -169,7 +173,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 @functools.cache
-def _split_k_by_default() -> bool:
+def _split_k_setting() -> str:
     """SPECD_FEW_ROW_GEMMS_SPLIT_K, read once per process: linear runs for every GEMM of an eager step."""
     return environment.few_row_gemms_split_k()
 
