@@ -7,7 +7,8 @@ step_id. Whatever goes wrong (drafter down, late, erroring, stream broken) the s
 and `num_fallbacks` grows by one (exported by the verifier as specd_drafter_fallbacks_total);
 `propose()` never raises and never waits past its deadline.
 
-Threads: `propose()` and `release()` run on the engine thread, which owns all delta bookkeeping.
+Threads: `propose()` and `release()` run on one thread, the engine's or its asker's (service_asker.py), which owns
+all delta bookkeeping.
 A background thread owns the connection: it waits for the channel (grpc core reconnects with
 exponential backoff, `initial_backoff_s` doubling-ish up to `max_backoff_s`), runs one stream at a
 time with grpc's sync API, and hands replies to the engine thread through a queue. Protobuf
@@ -145,19 +146,22 @@ class DrafterClient:
 
     # ---- engine thread -------------------------------------------------------------------------
 
-    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
+    def propose(self, requests: Sequence[DraftRequest],
+                ends: Sequence[int] | None = None) -> dict[str, list[int]]:
         """Drafts per request id; {} (a counted fallback) when the drafter cannot answer in time."""
-        return self.begin_propose(requests).result()
+        return self.begin_propose(requests, ends).result()
 
-    def begin_propose(self, requests: Sequence[DraftRequest]) -> _PendingStep:
-        """Sends the step now; the returned proposal's result() waits for its reply (never raises)."""
+    def begin_propose(self, requests: Sequence[DraftRequest], ends: Sequence[int] | None = None) -> _PendingStep:
+        """Sends the step now; the returned proposal's result() waits for its reply (never raises). ends: each
+        request's context length at its step (None: len(token_ids) now), where another thread asks for the step
+        while the engine appends to the contexts."""
         try:
-            return self._begin(list(requests))
+            return self._begin(list(requests), ends)
         except Exception:  # noqa: BLE001 - a drafter problem must never fail a request
             logger.exception("drafter client failed to send a step; decoding without drafts")
             return _PendingStep(self, [], fallback=True)
 
-    def _begin(self, requests: list[DraftRequest]) -> _PendingStep:
+    def _begin(self, requests: list[DraftRequest], ends: Sequence[int] | None = None) -> _PendingStep:
         wanted = any(r.draft_limit > 0 for r in requests)
         if not requests:
             return _PendingStep(self, [])
@@ -166,7 +170,7 @@ class DrafterClient:
         if stream is None or not self._drain_replies(stream.generation):
             return _PendingStep(self, [], fallback=wanted)
         self._step_id += 1
-        stream.outbox.put(self._step(self._step_id, requests))
+        stream.outbox.put(self._step(self._step_id, requests, ends))
         if not wanted:
             return _PendingStep(self, [])
         return _PendingStep(self, requests, generation=stream.generation, step_id=self._step_id,
@@ -198,10 +202,10 @@ class DrafterClient:
             self._sent_lengths.clear()  # a new stream holds nothing: send every context whole
         return stream
 
-    def _step(self, step_id: int, requests: Sequence[DraftRequest]) -> _Step:
+    def _step(self, step_id: int, requests: Sequence[DraftRequest], ends: Sequence[int] | None = None) -> _Step:
         """Each request's delta: what this stream has not been sent yet (all of it on first sight)."""
         sent, requests = self._sent_lengths, list(requests)  # the engine may reuse its list
-        ends = [len(r.token_ids) for r in requests]
+        ends = [len(r.token_ids) for r in requests] if ends is None else list(ends)
         starts = [sent.get(r.request_id, 0) for r in requests]
         starts = [start if start <= end else 0 for start, end in zip(starts, ends)]  # shrank: afresh
         sent.update(zip([r.request_id for r in requests], ends))

@@ -16,10 +16,16 @@ its drafts gained, times the step's time, outweighs the wait: a gain found a ste
 from the service's answer to the step before instead (round 33) lost a tenth of the memory's tokens a step: after
 each rejected draft that answer no longer fits.
 
+The service is asked on a thread of its own (service_asker.py, the drafter link's): its message built, sent and its
+answer read while the engine's forward runs, so that the engine thread's propose stage is its own drafts and a hand-off
+(0.07-0.08 against 0.14-0.17 ms a step with the client on the engine thread, docs/BENCHMARKS.md round 40). The service's
+answer to a step not waited for counts when it comes within the client's deadline (--drafter-timeout-ms).
+
 Like every proposer it never raises for the service: a dead, late or erroring service leaves the own drafts.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,11 +33,13 @@ from dataclasses import dataclass
 from drafter_service.batch import DraftRequest
 from drafter_service.config import DrafterConfig
 from drafter_service.local import LocalProposer
+from drafter_service.service_asker import FELL_BACK, ServiceAsker
 
 # Waited steps in a row in which the service's drafts gain nothing over the own ones before a request stops waiting
 # for them: a wait costs ~2 ms of a 40-70 ms CPU step, one more accepted token a step's share of it.
 PATIENCE = 8
 RATE_STEPS = 32  # the steps the running means of the gain rate, the wait and the step time weigh most
+ANSWER_SLACK_S = 0.05  # how much longer than the client's deadline a waiting step waits for the asker's answer
 
 
 @dataclass(slots=True)
@@ -45,7 +53,8 @@ class _Drafted:
 
 
 class ContextFirstProposer:
-    """Proposer over `service` (a DrafterClient: begin_propose, release, num_fallbacks) and an own store."""
+    """Proposer over `service` (a DrafterClient: propose, release, num_fallbacks, close; from now on used by its asker's
+    thread alone) and an own store."""
 
     def __init__(self, service, own: LocalProposer | None = None) -> None:
         self.service = service
@@ -54,11 +63,15 @@ class ContextFirstProposer:
         self.service_remembers = False  # whether the service's drafts ever beat the own ones
         self._waiting: dict[str, int] = {}  # requests that wait for the service: waited steps left without a gain
         self._drafted: dict[str, _Drafted] = {}  # each request's drafts at its last step
-        self._unread = None  # the last step not waited for: (the service's pending answer, the requests wanting)
+        self._step_id = 0
+        self._unread: tuple[int, list[DraftRequest]] | None = None  # the last step not waited for, the requests wanting
+        self._answers: dict[int, dict[str, list[int]] | None] = {}  # the service's, by step (None: it missed it)
+        self._answered = threading.Condition()
         # Running means: of judged steps in which the service's drafts would have gained, of a wait for the service's
         # answer, and of the time from one step's propose to the next's.
         self._gain_rate, self._wait_s, self._step_s = 0.0, 0.002, 0.0
         self._last_propose: float | None = None
+        self._asker = ServiceAsker(service, self._deliver)
 
     @property
     def num_fallbacks(self) -> int:
@@ -73,17 +86,18 @@ class ContextFirstProposer:
         self._read_unread()
         self._judge(requests)
         own = self.own.propose(requests)
-        pending = self.service.begin_propose(requests)
         wanted = [r for r in requests if r.draft_limit > 0]
         waited = bool(wanted) and self._worth_waiting(wanted)
+        self._step_id += 1
+        self._asker.ask(self._step_id, list(requests), {} if wanted else None, [len(r.token_ids) for r in requests])
         service = None
         if waited:
             asked = time.monotonic()
-            service = self._answer(pending, wait=True)
+            service = self._answer(self._step_id, wait=True)
             self._wait_s += (time.monotonic() - asked - self._wait_s) / RATE_STEPS
             self.num_context_drafts += service is None
-        else:
-            self._unread = (pending, wanted)
+        elif wanted:
+            self._unread = (self._step_id, wanted)
         for r in wanted:
             self._drafted[r.request_id] = _Drafted(len(r.token_ids), own.get(r.request_id, []),
                                                    None if service is None else service.get(r.request_id, []), waited)
@@ -97,23 +111,36 @@ class ContextFirstProposer:
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.own.release(request_ids)
-        self.service.release(request_ids)
+        self._asker.release(list(request_ids))
         for request_id in request_ids:
             self._waiting.pop(request_id, None)
             self._drafted.pop(request_id, None)
 
-    def _answer(self, pending, wait: bool) -> dict[str, list[int]] | None:
-        """The service's drafts; None where it missed the step (without `wait`: has not answered by now)."""
-        missed_before = self.service.num_fallbacks
-        drafts = pending.result(wait=wait)
-        return None if self.service.num_fallbacks > missed_before else drafts
+    def close(self) -> None:
+        """Stops the asker's thread and closes the service's client."""
+        self._asker.close()
+
+    def _deliver(self, answer: tuple) -> None:
+        """The asker's thread: the service's drafts for a step (all of them: the own answer it was given is {})."""
+        step_id, _, drafts = answer
+        with self._answered:
+            self._answers = {step_id: drafts}  # only the newest step is ever read
+            self._answered.notify_all()
+
+    def _answer(self, step_id: int, wait: bool) -> dict[str, list[int]] | None:
+        """The service's drafts for step_id; None where it missed the step (without `wait`: has not answered by now)."""
+        if wait:
+            with self._answered:
+                self._answered.wait_for(lambda: step_id in self._answers, self.service.timeout_s + ANSWER_SLACK_S)
+        drafts = self._answers.pop(step_id, FELL_BACK)  # one operation (the asker replaces the dict whole)
+        return None if drafts is FELL_BACK else drafts
 
     def _read_unread(self) -> None:
         """The service's answer to the last step not waited for, if it is in by now (never waiting for it)."""
         if self._unread is None:
             return
-        (pending, wanted), self._unread = self._unread, None
-        service = self._answer(pending, wait=False)
+        (step_id, wanted), self._unread = self._unread, None
+        service = self._answer(step_id, wait=False)
         for r in wanted if service is not None else ():
             if (drafted := self._drafted.get(r.request_id)) is not None:
                 drafted.service = service.get(r.request_id, [])

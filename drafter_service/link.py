@@ -199,6 +199,7 @@ def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) ->
 def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int) -> None:
     """The link process: applies the engine's messages, answers each step from its own copy of the contexts at
     once, and again with the service's drafts (`ServiceAsker`)."""
+    from drafter_service.client import DrafterClient
     from drafter_service.config import DrafterConfig
     from drafter_service.local import LocalProposer
     from drafter_service.service_asker import ServiceAsker
@@ -209,7 +210,7 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
     sys.setswitchinterval(0.0002)
     sender = _Sender(conn)
     own = LocalProposer(DrafterConfig(memory_scope="off"))  # the memory is the service's, shared by every verifier
-    asker = ServiceAsker(target, timeout_s, tls, sender.send)
+    asker = ServiceAsker(DrafterClient(target, timeout_s=timeout_s, tls=tls), sender.send)
     contexts: dict[str, list[int]] = {}
     try:
         while (message := conn.recv())[0] != "close":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from drafter_service.batch import DraftRequest, ProposeBatch, SequenceDelta
+from drafter_service.batch import DraftRequest, ProposeBatch
 from drafter_service.config import DrafterConfig
 from drafter_service.stores import new_sequence_store
 
@@ -27,22 +27,33 @@ class LocalProposer:
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
         """Drafts per request id; requests with draft_limit 0 only update the store."""
-        deltas = [self._delta(request) for request in requests]
-        reply = self.store.propose_batch(_SESSION, ProposeBatch.from_deltas(0, deltas))
+        reply = self.store.propose_batch(_SESSION, self._batch(requests))
         for request_id in reply.resync_sequence_ids:  # evicted: send it whole next time
             self._sent.pop(request_id, None)
         self.proposed_tokens[0] += reply.num_proposed_tokens - reply.memory_draft_tokens
         self.proposed_tokens[1] += reply.memory_draft_tokens
         return dict(zip((r.request_id for r in requests), reply.drafts()))
 
-    def _delta(self, request: DraftRequest) -> SequenceDelta:
-        tokens = request.token_ids
-        held, last = self._sent.get(request.request_id, (0, None))
-        if held > len(tokens) or (held and tokens[held - 1] != last):
-            held = 0  # the context was rewritten: start afresh
-        self._sent[request.request_id] = (len(tokens), tokens[-1] if tokens else None)
-        return SequenceDelta(request.request_id, held, tokens[held:], request.draft_limit,
-                             request.min_ngram, request.max_ngram, request.tenant_key)
+    def _batch(self, requests: Sequence[DraftRequest]) -> ProposeBatch:
+        """The step's columns: each request's tokens beyond what the store holds (all of them where its context was
+        rewritten), built in one pass (a synchronous engine waits for them)."""
+        ids, starts, counts, new_tokens, limits, min_ngrams, max_ngrams, keys = [], [], [], [], [], [], [], []
+        sent = self._sent
+        for request in requests:
+            tokens = request.token_ids
+            held, last = sent.get(request.request_id, (0, None))
+            if held > len(tokens) or (held and tokens[held - 1] != last):
+                held = 0  # the context was rewritten: start afresh
+            sent[request.request_id] = (len(tokens), tokens[-1] if tokens else None)
+            ids.append(request.request_id)
+            starts.append(held)
+            counts.append(len(tokens) - held)
+            new_tokens += tokens[held:]
+            limits.append(request.draft_limit)
+            min_ngrams.append(request.min_ngram)
+            max_ngrams.append(request.max_ngram)
+            keys.append(request.tenant_key)
+        return ProposeBatch(0, ids, starts, counts, new_tokens, limits, min_ngrams, max_ngrams, (), keys)
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget finished or aborted requests (their outputs go to the memory of earlier outputs)."""

@@ -1,4 +1,5 @@
-"""The drafter link's second thread: asks the drafter service each newest step and sends its answer down the pipe.
+"""A thread that asks the drafter service each newest step and hands its answer on: the drafter link's second thread
+(down its pipe), and the CPU proposer's (drafter_service/context_first.py, to the engine thread).
 
 The link process (link.py) answers every step from its own copy of the contexts first; this thread then sends what
 the service answered differently (its memory's drafts), or FELL_BACK where the service failed or was past its
@@ -9,10 +10,10 @@ service builds no queue.
 """
 from __future__ import annotations
 
+import queue
 import threading
 
 from drafter_service.batch import DraftRequest
-from specd.serving import TlsConfig
 
 # The link's pipe carries (step_id, source, drafts): CONTEXT, the link's own drafts, at once; then SERVICE, the entries
 # where the service's differ, or FELL_BACK.
@@ -33,54 +34,55 @@ class ServiceAsker:
     The client (its deltas, its releases) is used from this thread alone; work is done in the order it came, except
     that a step still waiting when a newer one comes is dropped."""
 
-    def __init__(self, target: str, timeout_s: float, tls: TlsConfig | None, send) -> None:
-        from drafter_service.client import DrafterClient
-
-        self._client, self._send = DrafterClient(target, timeout_s=timeout_s, tls=tls), send
-        self._work: list[tuple] = []
+    def __init__(self, client, send) -> None:
+        """client: a DrafterClient, used from this thread alone from now on; send: called with each answer."""
+        self._client, self._send = client, send
+        self._work: queue.SimpleQueue[tuple] = queue.SimpleQueue()  # a put costs the asking thread ~1 us
         self._newest = 0  # the newest step asked: the engine has collected every step before it
-        self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="drafter-asker", daemon=True)
         self._thread.start()
 
-    def ask(self, step_id: int, requests: list[DraftRequest], context: dict[str, list[int]] | None) -> None:
-        """Queue a step; `context` is the link's own answer to it (None: nobody wants drafts, so none is sent)."""
-        with self._ready:
-            self._newest = step_id
-            self._work = [item for item in self._work if item[0] != "step"]  # the engine has collected those
-            self._work.append(("step", step_id, requests, context))
-            self._ready.notify()
+    def ask(self, step_id: int, requests: list[DraftRequest], context: dict[str, list[int]] | None,
+            ends: list[int] | None = None) -> None:
+        """Queue a step; `context` is the own answer to it (None: nobody wants drafts, so none is sent); ends: each
+        context's length at the step, where the contexts' lists grow meanwhile (None: they do not)."""
+        self._newest = step_id
+        self._work.put(("step", step_id, requests, context, ends))
 
     def release(self, request_ids: list[str]) -> None:
-        self._put(("release", request_ids))
+        self._work.put(("release", request_ids))
 
     def close(self) -> None:
-        self._put(("close",))
+        self._work.put(("close",))
         self._thread.join(timeout=5)
 
-    def _put(self, item: tuple) -> None:
-        with self._ready:
-            self._work.append(item)
-            self._ready.notify()
+    def _next_work(self) -> list[tuple]:
+        """What came since the last look, in order, without the steps a newer step makes moot."""
+        work = [self._work.get()]
+        while True:
+            try:
+                work.append(self._work.get_nowait())
+            except queue.Empty:
+                break
+        newest = max((i for i, item in enumerate(work) if item[0] == "step"), default=None)
+        return [item for i, item in enumerate(work) if item[0] != "step" or i == newest]
 
     def _run(self) -> None:
         client = self._client
         try:
             while True:
-                with self._ready:
-                    self._ready.wait_for(lambda: self._work)
-                    item = self._work.pop(0)
-                if item[0] == "close":
-                    return
-                if item[0] == "release":
-                    client.release(item[1])
-                    continue
-                _, step_id, requests, context = item
-                fallbacks = client.num_fallbacks
-                drafts = client.propose(requests)
-                if context is not None and step_id == self._newest:  # an older step's answer would be read in vain
-                    answered = client.num_fallbacks == fallbacks
-                    self._send((step_id, SERVICE, differences(context, drafts) if answered else FELL_BACK))
+                for item in self._next_work():
+                    if item[0] == "close":
+                        return
+                    if item[0] == "release":
+                        client.release(item[1])
+                        continue
+                    _, step_id, requests, context, ends = item
+                    fallbacks = client.num_fallbacks
+                    drafts = client.propose(requests, ends)
+                    if context is not None and step_id == self._newest:  # an older step's answer is read in vain
+                        answered = client.num_fallbacks == fallbacks
+                        self._send((step_id, SERVICE, differences(context, drafts) if answered else FELL_BACK))
         except (EOFError, OSError):
             return  # the engine is gone
         finally:
