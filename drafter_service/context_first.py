@@ -89,6 +89,7 @@ class ContextFirstProposer:
         wanted = [r for r in requests if r.draft_limit > 0]
         waited = bool(wanted) and self._worth_waiting(wanted)
         self._step_id += 1
+        # The own answer given to the asker is {}: what it hands back (the entries that differ) is all of the service's.
         self._asker.ask(self._step_id, list(requests), {} if wanted else None, [len(r.token_ids) for r in requests])
         service = None
         if waited:

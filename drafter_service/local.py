@@ -36,7 +36,8 @@ class LocalProposer:
 
     def _batch(self, requests: Sequence[DraftRequest]) -> ProposeBatch:
         """The step's columns: each request's tokens beyond what the store holds (all of them where its context was
-        rewritten), built in one pass (a synchronous engine waits for them)."""
+        rewritten), built in one pass rather than through SequenceDelta and ProposeBatch.from_deltas: a synchronous
+        engine waits for them, and after a CPU forward the one pass costs 13-20 us less (tools/propose_cost.py)."""
         ids, starts, counts, new_tokens, limits, min_ngrams, max_ngrams, keys = [], [], [], [], [], [], [], []
         sent = self._sent
         for request in requests:

@@ -32,6 +32,14 @@ def _get(name: str) -> str | None:
     return os.environ.get(name) or None
 
 
+def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The variable's value, one of `choices` (`default` where unset); any other is refused, naming the variable."""
+    value = _get(name) or default
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
 def _switched_on(name: str) -> bool:
     """A switch that is on unless set to "0"."""
     return os.environ.get(name, "1") != "0"
@@ -89,10 +97,7 @@ def few_row_gemms(default: str) -> str:
     """How static compiled graphs of a few rows (batch-1 verify steps) compute their GEMMs on CUDA: "cublas",
     "triton" (one fixed-tile Triton GEMM launched with PDL) or "reductions" (multiply-and-sum reductions, untuned);
     `default` where the variable is unset (verifier_service/model/compile.py)."""
-    value = _get(FEW_ROW_GEMMS) or default
-    if value not in FEW_ROW_GEMM_KINDS:
-        raise ValueError(f"{FEW_ROW_GEMMS}={value!r}: expected one of {', '.join(FEW_ROW_GEMM_KINDS)}")
-    return value
+    return _choice(FEW_ROW_GEMMS, FEW_ROW_GEMM_KINDS, default)
 
 
 # The warm-up's long prompt (engine/warm_up.py, a KV block and 101 tokens) must be longer, so that a dynamic graph's
@@ -117,11 +122,7 @@ FEW_ROW_GEMMS_SPLIT_K_VALUES = ("0", "1", "tile")
 def few_row_gemms_split_k() -> str:
     """Where the Triton few-row GEMM splits K where its column tiles leave SMs idle: "0" (the default) in no GEMM
     (one program sums all of K), "1" in every GEMM, "tile" in GEMMs of one row tile only."""
-    value = _get(FEW_ROW_GEMMS_SPLIT_K) or "0"
-    if value not in FEW_ROW_GEMMS_SPLIT_K_VALUES:
-        expected = ", ".join(FEW_ROW_GEMMS_SPLIT_K_VALUES)
-        raise ValueError(f"{FEW_ROW_GEMMS_SPLIT_K}={value!r}: expected one of {expected}")
-    return value
+    return _choice(FEW_ROW_GEMMS_SPLIT_K, FEW_ROW_GEMMS_SPLIT_K_VALUES, "0")
 
 
 def tensor_parallel_timeout_s(default: float) -> float:
