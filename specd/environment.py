@@ -20,6 +20,7 @@ PDL = "SPECD_PDL"
 FEW_ROW_GEMMS = "SPECD_FEW_ROW_GEMMS"
 FEW_ROW_GEMMS_MAX_ROWS = "SPECD_FEW_ROW_GEMMS_MAX_ROWS"
 FEW_ROW_GEMMS_SPLIT_K = "SPECD_FEW_ROW_GEMMS_SPLIT_K"
+DETERMINISTIC_GEMMS = "SPECD_DETERMINISTIC_GEMMS"
 PIECEWISE_GRAPHS = "SPECD_PIECEWISE_GRAPHS"
 TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
@@ -123,6 +124,16 @@ def few_row_gemms_split_k() -> str:
     """Where the Triton few-row GEMM splits K where its column tiles leave SMs idle: "0" (the default) in no GEMM
     (one program sums all of K), "1" in every GEMM, "tile" in GEMMs of one row tile only."""
     return _choice(FEW_ROW_GEMMS_SPLIT_K, FEW_ROW_GEMMS_SPLIT_K_VALUES, "0")
+
+
+DETERMINISTIC_GEMM_KINDS = ("auto", "cublas", "triton", "triton-split")
+
+
+def deterministic_gemms() -> str:
+    """The deterministic mode's GEMMs on CUDA: "cublas" (fixed 64-row GEMMs), "triton" (the fixed-tile Triton GEMM of
+    16-row tiles, launched with PDL), "triton-split" (the same, K split by the weight's shape), or "auto" (the
+    default: chosen by the model's size, verifier_service/model/invariant_layers.py)."""
+    return _choice(DETERMINISTIC_GEMMS, DETERMINISTIC_GEMM_KINDS, "auto")
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

@@ -56,6 +56,8 @@
 # gputests: the GPU suite (device_run.sh tests), with the real weights for tests/gpu/test_default_model.py
 # detkernels / dettests: tests/gpu/test_deterministic_cuda.py, its kernel tests alone / all of it (real weights)
 # defaulttest: tests/gpu/test_default_model.py (real weights), each differing prompt's top-2 gap printed
+# detgemms: bench.deterministic (the default model's shapes, random weights): the default mode, then the
+#           deterministic mode under each SPECD_DETERMINISTIC_GEMMS of DET_GEMMS (cublas triton triton-split)
 # detbench / detbench_8b / detbench_135m: python -m bench.deterministic on the real weights / Qwen3-8B's or the
 #           default model's shapes at random (DET_ARGS: more of its arguments)
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
@@ -301,6 +303,19 @@ for part in "$@"; do
       timeout "${LIMIT:-400}" python3 -m bench.deterministic --model "$dir" --random-weights ${DET_ARGS:-} \
         --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part (exit $?)"; tail -n 7 "$OUT/$part.log" ;;
+    detgemms)  # bench.deterministic on the default model's shapes (random weights): the default mode and the
+      # deterministic one under each SPECD_DETERMINISTIC_GEMMS of DET_GEMMS (cublas triton triton-split), one process each
+      dir=.device/smollm2-135m-det; [ "${DET_SHAPES:-}" = 8b ] && dir=.device/qwen3-8b-det  # DET_SHAPES=8b: Qwen3-8B's
+      for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do cp .device/model/$f "$dir/"; done
+      modes="default deterministic"
+      for gemms in ${DET_GEMMS:-cublas triton triton-split}; do
+        # shellcheck disable=SC2086
+        SPECD_DETERMINISTIC_GEMMS=$gemms timeout "${LIMIT:-200}" python3 -m bench.deterministic --model "$dir" \
+          --random-weights --modes $modes ${DET_ARGS:-} --out "$OUT/detgemms${DET_SHAPES:-}_$gemms.json" \
+          > "$OUT/detgemms${DET_SHAPES:-}_$gemms.log" 2>&1
+        echo "== detgemms ${DET_SHAPES:-} $gemms (exit $?)"; tail -n 7 "$OUT/detgemms${DET_SHAPES:-}_$gemms.log"
+        modes=deterministic
+      done ;;
     dettrace)  # one batch-1 decode and verify step's kernels (graph replays), default mode then deterministic
       random_model
       for mode in "" --deterministic; do

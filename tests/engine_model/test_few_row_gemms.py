@@ -148,3 +148,16 @@ def test_the_k_split_setting_defaults_to_whole_k_and_refuses_others_naming_the_v
     monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_SPLIT_K", "yes")
     with pytest.raises(ValueError, match="SPECD_FEW_ROW_GEMMS_SPLIT_K"):
         environment.few_row_gemms_split_k()
+
+
+def test_the_deterministic_gemm_setting_defaults_to_auto_and_refuses_others_naming_the_variable(monkeypatch):
+    from specd import environment
+
+    monkeypatch.delenv("SPECD_DETERMINISTIC_GEMMS", raising=False)
+    assert environment.deterministic_gemms() == "auto"
+    for value in ("auto", "cublas", "triton", "triton-split"):
+        monkeypatch.setenv("SPECD_DETERMINISTIC_GEMMS", value)
+        assert environment.deterministic_gemms() == value
+    monkeypatch.setenv("SPECD_DETERMINISTIC_GEMMS", "cutlass")
+    with pytest.raises(ValueError, match="SPECD_DETERMINISTIC_GEMMS"):
+        environment.deterministic_gemms()

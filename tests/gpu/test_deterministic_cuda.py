@@ -24,13 +24,14 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @torch.inference_mode()  # as the runner calls it (out= GEMMs take no autograd)
-def test_linear_rows_do_not_depend_on_the_rows_beside_them():
+@pytest.mark.parametrize("gemms", ["cublas", "triton", "triton-split"])  # SPECD_DETERMINISTIC_GEMMS
+def test_linear_rows_do_not_depend_on_the_rows_beside_them(gemms):
     from verifier_service.model.invariant_layers import InvariantLinear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for out_features, in_features in ((960, 576), (576, 1536), (49152, 576), (4096, 12288)):
         module = torch.nn.Linear(in_features, out_features, device="cuda", dtype=torch.bfloat16)
-        linear = InvariantLinear(module)
+        linear = InvariantLinear(module, gemms)
         x = torch.randn(300, in_features, device="cuda", generator=gen).bfloat16()
         whole = linear(x)
         assert torch.allclose(whole.float(), module(x).float(), atol=0.05, rtol=0.02)

@@ -20,7 +20,8 @@ the sums of a token are the same at decode, at verify and in a prompt chunk, and
 
 KV cache layout: flash-attn's paged one, [num_blocks, block_size, kv_heads, head_dim], contiguous; head_dim a
 power of two; block_size a multiple of BLOCK_N; half precision (model_runner.py's _check_deterministic holds the
-runner to that). Importing this module needs triton.
+runner to that). Both kernels launch with programmatic dependent launch (kernels/pdl.py). Importing this module
+needs triton.
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ import triton.language as tl
 
 from verifier_service.attention.metadata import AttentionMetadata
 from verifier_service.attention.triton_kv_write import write_kv as triton_write_kv
+from verifier_service.kernels import pdl
 from verifier_service.kernels.gemm_rows import empty_rows
+from verifier_service.kernels.triton_pdl import prologue
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64
@@ -42,13 +45,14 @@ SPLITS = 8  # at most this many runs a row (longer rows: longer runs, whole key 
 def _partials_kernel(Q, K, V, BT, CTX, CU_Q, M, L, ACC, OUT, RUNS, qk_scale, stride_bt, stride_q,
                      H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr,
                      BS: tl.constexpr, SPLIT_KEYS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     # Q [num_tokens, H, D] (token stride stride_q); K, V [blocks, BS, KVH, D]; BT [B, max]; CTX [B] keys visible to
     # the sequence's last query token; CU_Q [B + 1] its query tokens' range. A row of one run writes its output to
     # OUT [num_tokens, H, D]; a row of several writes each run's running maximum, sum and unnormalised output to
     # M, L [num_tokens, H, SPLITS] and ACC [num_tokens, H, SPLITS, D] (float32), and its token's run count to
     # RUNS [num_tokens], for _combine_kernel. Row r of the tile is query head kvh * GROUP + r // TOKENS at token
     # r % TOKENS.
+    prologue(PDL)
     b, kvh, program = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     tile, split = program // SPLITS, program % SPLITS
     q_start = tl.load(CU_Q + b)
@@ -107,9 +111,10 @@ def _partials_kernel(Q, K, V, BT, CTX, CU_Q, M, L, ACC, OUT, RUNS, qk_scale, str
 
 @triton.jit
 def _combine_kernel(M, L, ACC, OUT, RUNS, H: tl.constexpr, HB: tl.constexpr, D: tl.constexpr,
-                    SPLITS: tl.constexpr):
+                    SPLITS: tl.constexpr, PDL: tl.constexpr):
     # One token's heads: each row's runs merged in order -> OUT [num_tokens, H, D]. A token of one run was written
     # by _partials_kernel.
+    prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     runs = tl.minimum(tl.load(RUNS + token), SPLITS)  # a token no tile covers (none should) stays in bounds
     if runs > 1:
@@ -154,14 +159,16 @@ def invariant_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     acc = torch.empty(num_tokens, heads, SPLITS, head_dim, device=query.device, dtype=torch.float32)
     runs = torch.empty(num_tokens, device=query.device, dtype=torch.int32)
     grid = (metadata.batch_size, kv_heads, triton.cdiv(metadata.max_seqlen_q, tokens) * SPLITS)
+    dependent = pdl.enabled(query.device)
     _partials_kernel[grid](query, k_cache, v_cache, metadata.block_tables, metadata.context_lens,
                            metadata.cu_seqlens_q, m, l, acc, out, runs, scale * LOG2E,
                            metadata.block_tables.stride(0), query.stride(0), H=heads, KVH=kv_heads, D=head_dim,
                            GROUP=group, TOKENS=tokens, BS=block_size, SPLIT_KEYS=SPLIT_KEYS, SPLITS=SPLITS,
-                           BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2)
+                           BLOCK_M=block_m, BLOCK_N=BLOCK_N, PDL=dependent, num_warps=4, num_stages=2,
+                           launch_pdl=dependent)
     if num_tokens:
         _combine_kernel[(num_tokens,)](m, l, acc, out, runs, H=heads, HB=triton.next_power_of_2(heads), D=head_dim,
-                                       SPLITS=SPLITS, num_warps=4)
+                                       SPLITS=SPLITS, PDL=dependent, num_warps=4, launch_pdl=dependent)
     return out
 
 

@@ -5,6 +5,8 @@ two products, the sum) and two on SiLU-and-multiply, in every layer of every ste
 the default model, where each costs about as much as its data. Both round once, from float32, where eager code
 rounds after every op (the deterministic mode is consistent with itself, not bit-equal to the default mode).
 
+Both launch with programmatic dependent launch (kernels/pdl.py), as the mode's other kernels do.
+
 Importing this module needs triton (the deterministic mode on CUDA imports it).
 """
 from __future__ import annotations
@@ -13,14 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
+from verifier_service.kernels import pdl
 from verifier_service.kernels.gemm_rows import empty_rows
+from verifier_service.kernels.triton_pdl import prologue
 
 
 @triton.jit(do_not_specialize=["stride_token", "stride_head"])
 def _rope_kernel(X, COS, SIN, OUT, stride_token, stride_head, HEADS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_H: tl.constexpr):
+                 BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     # X [tokens, HEADS, D] by its strides (the last one 1); COS, SIN [tokens, D] (SIN signed as rope.py's table);
     # OUT [tokens, HEADS, D] contiguous. out = x * cos + roll(x, D / 2) * sin.
+    prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     h, d = tl.arange(0, BLOCK_H), tl.arange(0, D)
     ok = (h < HEADS)[:, None]
@@ -41,14 +46,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     tokens, heads, head_dim = x.shape
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     if tokens:
+        dependent = pdl.enabled(x.device)
         _rope_kernel[(tokens,)](x, cos.contiguous(), sin.contiguous(), out, x.stride(0), x.stride(1), HEADS=heads,
-                                D=head_dim, BLOCK_H=triton.next_power_of_2(heads), num_warps=4)
+                                D=head_dim, BLOCK_H=triton.next_power_of_2(heads), PDL=dependent, num_warps=4,
+                                launch_pdl=dependent)
     return out
 
 
 @triton.jit
-def _silu_mul_kernel(GATE_UP, OUT, SIZE: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GATE_UP, OUT, SIZE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # GATE_UP [tokens, 2 * SIZE] contiguous (gate, then up) -> OUT [tokens, SIZE] = silu(gate) * up.
+    prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < SIZE
@@ -63,5 +71,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
     out = empty_rows((tokens, size), gate_up)  # the down projection's input: room for its last GEMM's rows
     if tokens:
-        _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](gate_up, out, SIZE=size, BLOCK=1024, num_warps=4)
+        dependent = pdl.enabled(gate_up.device)
+        _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](gate_up, out, SIZE=size, BLOCK=1024, PDL=dependent,
+                                                            num_warps=4, launch_pdl=dependent)
     return out

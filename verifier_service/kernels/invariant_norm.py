@@ -13,15 +13,18 @@ import torch
 import triton
 import triton.language as tl
 
+from verifier_service.kernels import pdl
 from verifier_service.kernels.gemm_rows import empty_rows
+from verifier_service.kernels.triton_pdl import prologue
 
 
 @triton.jit(do_not_specialize=["eps", "stride_token", "stride_head", "stride_residual"])
 def _rms_kernel(X, RESIDUAL, WEIGHT, OUT, RESIDUAL_OUT, eps, stride_token, stride_head, stride_residual,
                 HEADS: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                HAS_WEIGHT: tl.constexpr):
+                HAS_WEIGHT: tl.constexpr, PDL: tl.constexpr):
     # X [tokens, HEADS, SIZE] by its strides (the last one 1); OUT [tokens, HEADS, SIZE] contiguous;
     # RESIDUAL [tokens, SIZE] (HEADS == 1) and RESIDUAL_OUT contiguous; WEIGHT [SIZE].
+    prologue(PDL)
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     ok = cols < SIZE
@@ -51,10 +54,11 @@ def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None,
     out = empty_rows(x.shape, x)  # a linear's input: room for its last GEMM's rows
     residual_out = torch.empty_like(out) if residual is not None else None
     if tokens:
+        dependent = pdl.enabled(x.device)
         _rms_kernel[(tokens, heads)](
             view, residual if residual is not None else view, weight if weight is not None else view, out,
             residual_out if residual_out is not None else out, eps, view.stride(0), view.stride(1),
             residual.stride(0) if residual is not None else 0, HEADS=heads, SIZE=size,
             BLOCK=triton.next_power_of_2(size), HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-            num_warps=4 if size > 1024 else 1)
+            PDL=dependent, num_warps=4 if size > 1024 else 1, launch_pdl=dependent)
     return out, residual_out

@@ -7,9 +7,10 @@ batch 1 takes 0.72-0.74 against 0.79-0.84 ms with cuBLAS (H200, docs/BENCHMARKS.
 calls disagree (rounds 38-39).
 
 Each output tile is one program and its sum over K runs in BLOCK_K steps in one order, the tiles fixed by the
-weight's shape and block_m: a row's bits do not depend on the rows beside it. The deterministic mode tried it for
-every linear and kept cuBLAS's 64-row GEMMs (model/invariant_layers.py): batch-1 steps were 1.73x (16-row tiles) and
-2.39x (64-row) the default mode's, against 1.64x with cuBLAS in round 29.
+weight's shape and block_m: a row's bits do not depend on the rows beside it. The deterministic mode runs every
+linear of a narrow model here, 16-row tiles with K split (model/invariant_layers.py, SPECD_DETERMINISTIC_GEMMS): with
+its own kernels launched with PDL too, the default model's batch-1 step took 0.98 ms against 1.15 with cuBLAS's
+64-row GEMMs (H200, docs/BENCHMARKS.md round 41); on Qwen3-8B's shapes it was slower than cuBLAS.
 
 The first weight tile loads before the prologue's wait: no kernel writes a weight, only x waits for the kernel before.
 
@@ -18,7 +19,7 @@ weight whose column tiles leave most SMs idle (k_split, from its shape alone), e
 and the splits added in order by a second kernel. Split in every GEMM, a batch-1 k = 4 verify step's device time was
 0.89x in the engine's loop, a step's 64-row GEMMs 1.10x slower (H200, docs/BENCHMARKS.md round 39); split in one row
 tile, the stack with the real weights at one client was as fast as without, in both orders (round 40). Under "tile" a
-row's bits depend on whether its GEMM has more rows than one tile (the deterministic mode does not use this GEMM).
+row's bits depend on whether its GEMM has more rows than one tile (the deterministic mode passes split_k itself).
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The deterministic mode's layers on CUDA: every linear in fixed-row cuBLAS GEMMs and every RMSNorm through a
-batch-invariant Triton kernel (kernels/invariant_norm.py), so that no reduction's order depends on the step.
+"""The deterministic mode's layers on CUDA: every linear in fixed-row cuBLAS GEMMs (or, under
+SPECD_DETERMINISTIC_GEMMS=triton / triton-split, the fixed-tile Triton GEMM) and every RMSNorm through a
+batch-invariant Triton kernel (kernels/invariant_norm.py), so that no reduction's order depends on the step. The
+mode's own kernels launch with programmatic dependent launch (kernels/pdl.py), so that with the Triton GEMM a step's
+kernels form one chain, as the default mode's do.
 
 The rest of a layer is elementwise (RoPE, SiLU and its product), which is batch-invariant as it is (here one
 kernel each, kernels/fused_elementwise.py), and attention is the backend's (attention/triton_invariant.py).
@@ -12,10 +15,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specd import environment
 from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
 from verifier_service.kernels.gemm_rows import GEMM_ROWS, whole_chunks
 from verifier_service.kernels.invariant_norm import rms_norm
+from verifier_service.kernels.triton_linear import linear as triton_linear
 from verifier_service.model.layers import MLP, Attention, RMSNorm
+
+TRITON_ROW_TILE = 16  # the Triton GEMM's rows a tile under SPECD_DETERMINISTIC_GEMMS=triton*, in every step
+# "auto" runs the Triton GEMM with K split for models this wide or narrower, cuBLAS's 64-row GEMMs for wider ones. On
+# an H200 (docs/BENCHMARKS.md round 41) the default model (576) took 0.98 ms a batch-1 step with it against 1.15 with
+# cuBLAS; Qwen3-8B's shapes (4,096) took 8.0 ms with it, where cuBLAS's GEMMs are tuned for big weights.
+TRITON_MAX_HIDDEN = 1024
 
 
 class InvariantLinear(nn.Module):
@@ -24,15 +35,24 @@ class InvariantLinear(nn.Module):
     deterministic linears run oneDNN in fixed-row chunks (model/cpu_linear.py). cuBLAS then picks one kernel, tiles and split of K for the weight whatever the step,
     and a GEMM sums each output element of a row from that row and the weight alone: a row's bits do not depend on
     the rows beside it. At 1 to 64 rows a 64-row GEMM streams the same weight bytes as a 1-row one (within 5% on an
-    H200 for Qwen3-8B's and the default model's weights); prompt chunks pay one weight read per 64 rows."""
+    H200 for Qwen3-8B's and the default model's weights); prompt chunks pay one weight read per 64 rows.
 
-    def __init__(self, module: nn.Linear):
+    With gemms "triton" / "triton-split" the fixed-tile Triton GEMM (kernels/triton_linear.py) runs instead: its tiles
+    and its K split come from the weight's shape alone, and it launches with PDL, as the mode's other kernels do."""
+
+    def __init__(self, module: nn.Linear, gemms: str = "cublas"):
+        """gemms: SPECD_DETERMINISTIC_GEMMS; "triton" / "triton-split" run the fixed-tile Triton GEMM instead, its
+        row tile (TRITON_ROW_TILE) and K split (from the weight's shape alone) the same whatever the step."""
         super().__init__()
         self.in_features, self.out_features = module.in_features, module.out_features
         self.weight, self.bias = module.weight, module.bias
+        self.gemms = gemms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in_features] -> [rows, out_features]."""
+        if self.gemms != "cublas":
+            return triton_linear(x, self.weight, self.bias, block_m=TRITON_ROW_TILE,
+                                 split_k=self.gemms == "triton-split")
         rows = x.shape[0]
         x = whole_chunks(x)  # [whole GEMMs of rows, in_features]
         y = x.new_empty(x.shape[0], self.out_features)
@@ -46,7 +66,8 @@ class InvariantLinear(nn.Module):
         return y[:rows]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"gemms={self.gemms}")
 
 
 class InvariantRMSNorm(RMSNorm):
@@ -70,6 +91,9 @@ class InvariantRMSNorm(RMSNorm):
 def make_batch_invariant(model: nn.Module) -> None:
     """Replaces every nn.Linear and RMSNorm of model by its invariant twin, and RoPE and SiLU-and-multiply by one
     kernel each (kernels/fused_elementwise.py: fewer launches, as Inductor's fusion would give), in place."""
+    gemms = environment.deterministic_gemms()
+    if gemms == "auto":  # by the model's width alone: one choice for every step
+        gemms = "triton-split" if model.config.hidden_size <= TRITON_MAX_HIDDEN else "cublas"
     for module in model.modules():
         if isinstance(module, Attention):
             module.rotate = rope
@@ -78,6 +102,6 @@ def make_batch_invariant(model: nn.Module) -> None:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, InvariantLinear(child))
+                setattr(parent, name, InvariantLinear(child, gemms))
             elif type(child) is RMSNorm:
                 setattr(parent, name, InvariantRMSNorm(child))
