@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from specd import environment
+from verifier_service.kernels import pdl
 from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
 from verifier_service.kernels.gemm_rows import GEMM_ROWS, whole_chunks
 from verifier_service.kernels.invariant_norm import rms_norm
@@ -23,9 +24,10 @@ from verifier_service.kernels.triton_linear import linear as triton_linear
 from verifier_service.model.layers import MLP, Attention, RMSNorm
 
 TRITON_ROW_TILE = 16  # the Triton GEMM's rows a tile under SPECD_DETERMINISTIC_GEMMS=triton*, in every step
-# "auto" runs the Triton GEMM with K split for models this wide or narrower, cuBLAS's 64-row GEMMs for wider ones. On
-# an H200 (docs/BENCHMARKS.md round 41) the default model (576) took 0.98 ms a batch-1 step with it against 1.15 with
-# cuBLAS; Qwen3-8B's shapes (4,096) took 8.0 ms with it, where cuBLAS's GEMMs are tuned for big weights.
+# "auto" runs the Triton GEMM with K split for models this wide or narrower where PDL is on (Hopper and later: what it
+# was measured with), cuBLAS's 64-row GEMMs otherwise. On an H200 (docs/BENCHMARKS.md round 41) the default model
+# (576) took 0.98 ms a batch-1 step with it against 1.15 with cuBLAS; Qwen3-8B's shapes (4,096) took 8.0 ms with it,
+# against 5.5, where cuBLAS's GEMMs are tuned for big weights.
 TRITON_MAX_HIDDEN = 1024
 
 
@@ -92,8 +94,9 @@ def make_batch_invariant(model: nn.Module) -> None:
     """Replaces every nn.Linear and RMSNorm of model by its invariant twin, and RoPE and SiLU-and-multiply by one
     kernel each (kernels/fused_elementwise.py: fewer launches, as Inductor's fusion would give), in place."""
     gemms = environment.deterministic_gemms()
-    if gemms == "auto":  # by the model's width alone: one choice for every step
-        gemms = "triton-split" if model.config.hidden_size <= TRITON_MAX_HIDDEN else "cublas"
+    if gemms == "auto":  # by the model and the card alone: one choice for every step
+        narrow = model.config.hidden_size <= TRITON_MAX_HIDDEN
+        gemms = "triton-split" if narrow and pdl.enabled(next(model.parameters()).device) else "cublas"
     for module in model.modules():
         if isinstance(module, Attention):
             module.rotate = rope
