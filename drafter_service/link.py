@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -176,7 +177,7 @@ class DrafterLink:
 
     def _send(self, message) -> bool:
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(_pickled(message))
             return True
         except OSError:
             self._lost("its pipe broke")
@@ -198,6 +199,11 @@ class DrafterLink:
             self._starting = None
         self._starting = threading.Thread(target=restart, name="drafter-link-restart", daemon=True)
         self._starting.start()
+
+
+def _pickled(message) -> bytes:
+    """What Connection.send writes, without its per-call pickler object (~7 us of the engine thread a step)."""
+    return pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
 
 
 def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -249,8 +255,9 @@ class _Sender:
         self._conn, self._lock = conn, threading.Lock()
 
     def send(self, message) -> None:
+        payload = _pickled(message)
         with self._lock:
-            self._conn.send(message)
+            self._conn.send_bytes(payload)
 
 
 def _requests(contexts: dict[str, list[int]], rows) -> list[DraftRequest]:
