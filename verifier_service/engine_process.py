@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
@@ -158,8 +159,10 @@ def run_engine_process(config, conn: Connection, parent_pid: int) -> None:
     sender = threading.Lock()
 
     def send(message) -> None:
+        # pickle.dumps and send_bytes: what Connection.send writes, without its pickler object per call (every step)
+        payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
         with sender:
-            conn.send(message)
+            conn.send_bytes(payload)
 
     try:
         engine_loop, drafter = _load(config, send)
