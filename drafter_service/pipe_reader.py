@@ -28,22 +28,27 @@ class PipeReader:
         self._poll = select.poll()
         self._poll.register(self._socket, select.POLLIN)
         self._buffer = bytearray()
+        self._closed = False
 
     def available(self) -> list:
         """Every whole message already written, oldest first ([] when none is)."""
-        while True:
+        while not self._closed:
             try:
                 chunk = self._socket.recv(_CHUNK, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
-            if not chunk:
-                if not self._buffer:
-                    raise EOFError
-                raise OSError("the pipe closed in the middle of a message")
+            if not chunk:  # the peer closed: what came before still counts
+                self._closed = True
+                break
             self._buffer += chunk
             if len(chunk) < _CHUNK:
                 break
-        return self._messages()
+        messages = self._messages()
+        if self._closed and not messages:
+            if self._buffer:
+                raise OSError("the pipe closed in the middle of a message")
+            raise EOFError
+        return messages
 
     def wait(self, timeout_s: float) -> bool:
         """Whether bytes came (or the peer closed) within timeout_s."""

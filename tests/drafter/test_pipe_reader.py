@@ -57,3 +57,22 @@ def test_the_peer_closing_reads_as_eof_after_the_last_message(pipe):
     assert reader.available() == ["last"]
     with pytest.raises(EOFError):
         reader.available()
+
+
+def test_messages_written_before_the_peer_closed_are_read_even_past_one_recv(pipe):
+    """Over 64 KiB arrives in more than one recv, and the end of the pipe comes in the same call."""
+    _, theirs, reader = pipe
+    sent = ["y" * 200_000, "after"]
+
+    def write_and_close():
+        for message in sent:
+            theirs.send(message)
+        theirs.close()
+    writer = threading.Thread(target=write_and_close)
+    writer.start()
+    received = []
+    with pytest.raises(EOFError):
+        while reader.wait(5.0):
+            received += reader.available()
+    writer.join()
+    assert received == sent
