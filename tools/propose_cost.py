@@ -8,7 +8,8 @@ A drafter service in its own process (bench/drafter.py's), the tree's CPU propos
 engine does: propose (timed, as the engine's propose stage times it), then a forward: float32 matmuls on this
 thread for --forward-ms, as many torch threads as the stack gives its engine, so the caches are as cold and the
 OpenMP pool as asleep as after a real step. The contexts are bench/drafter.py's Workload (copies of earlier spans,
-1-4 accepted tokens a step). It prints the stage's mean and median microseconds a step, and each part's mean.
+1-4 accepted tokens a step). It prints the stage's mean and median microseconds a step, and each part's: the own
+drafts (own_propose, of which store is the native call), reading the last answer, judging, and the hand-off (ask).
 """
 from __future__ import annotations
 
@@ -65,12 +66,14 @@ def main() -> None:
     port = free_port()
     drafter = start_drafter(port, "native", "evidence")
     proposer = ContextFirstProposer(DrafterClient(f"127.0.0.1:{port}"))  # as verifier_service/engine_process.py
-    parts = ("propose", "own_propose", "_read_unread", "_judge")
+    parts = ("propose", "own_propose", "_read_unread", "_judge", "ask", "store")
     spent: dict[str, list[float]] = {name: [] for name in parts}
     timed(proposer, "propose", spent)
     timed(proposer, "_read_unread", spent)
     timed(proposer, "_judge", spent)
     timed(proposer.own, "propose", spent, "own_propose")
+    timed(proposer._asker, "ask", spent)  # noqa: SLF001 - the hand-off to the asker's thread
+    timed(proposer.own.store, "propose_batch", spent, "store")
     weights = [torch.randn(576, 576) / 24 for _ in range(8)]
     x = torch.randn(args.k + 1, 576)
     workload = Workload(args.batch, args.context, random.Random(0))
