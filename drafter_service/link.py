@@ -5,7 +5,7 @@ In the engine's process each of them takes the GIL from the engine thread at eve
 waits behind them: at one client the stack drafted at 0.93x its speed without drafts, the same stack with the
 drafter's rule in process at 1.37x (docs/BENCHMARKS.md, round 22). Here the engine thread only writes one pipe
 message per step (each context's new tokens since the last) and reads the replies already there, in one system call
-(pipe_reader.py: the propose stage at one client fell from 0.07-0.08 to 0.03 ms on an H200, round 41).
+(specd/pipe_frames.py: the propose stage at one client fell from 0.07-0.08 to 0.03 ms on an H200, round 41).
 
 The link process answers each step twice. First at once, from its own copy of the contexts: the drafter's rule over
 each request's own context (drafter_service/local.py, no memory), a pipe hop away. Then with the drafter service's
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -32,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from drafter_service.batch import DraftRequest
-from drafter_service.pipe_reader import PipeReader
 from drafter_service.service_asker import CONTEXT
+from specd.pipe_frames import PipeReader, pickled
 from specd.serving import TlsConfig
 
 logger = logging.getLogger(__name__)
@@ -177,7 +176,7 @@ class DrafterLink:
 
     def _send(self, message) -> bool:
         try:
-            self._conn.send_bytes(_pickled(message))
+            self._conn.send_bytes(pickled(message))
             return True
         except OSError:
             self._lost("its pipe broke")
@@ -199,11 +198,6 @@ class DrafterLink:
             self._starting = None
         self._starting = threading.Thread(target=restart, name="drafter-link-restart", daemon=True)
         self._starting.start()
-
-
-def _pickled(message) -> bytes:
-    """What Connection.send writes, without its per-call pickler object (~7 us of the engine thread a step)."""
-    return pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
 
 
 def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -255,7 +249,7 @@ class _Sender:
         self._conn, self._lock = conn, threading.Lock()
 
     def send(self, message) -> None:
-        payload = _pickled(message)
+        payload = pickled(message)
         with self._lock:
             self._conn.send_bytes(payload)
 

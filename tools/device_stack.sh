@@ -98,6 +98,12 @@ random_model() {  # random weights of the default model's shapes, with its real 
   [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
 }
 
+det_model() {  # det_model SHAPES (8b or 135m): the config-only random checkpoint with the default model's tokenizer
+  local dir=.device/smollm2-135m-det f; [ "$1" = 8b ] && dir=.device/qwen3-8b-det
+  for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do cp .device/model/$f "$dir/"; done
+  echo "$dir"
+}
+
 trace_kernels() {  # one decode and one verify step's kernels (k = 4, CUDA graphs, batch 1), the default model's shapes
   random_model
   timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
@@ -296,17 +302,14 @@ for part in "$@"; do
       echo "== detbench (exit $?)"; tail -n 7 "$OUT/detbench.log" ;;
     detbench_8b|detbench_135m)  # bench.deterministic: Qwen3-8B's / the default model's shapes, random weights,
       # the default model's tokenizer (.device/qwen3-8b-det, .device/smollm2-135m-det: config.json only, tools/device_prepare.sh)
-      shapes=${part#detbench_}; [ "$shapes" = 8b ] && dir=.device/qwen3-8b-det || dir=.device/smollm2-135m-det
-      for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
-        cp .device/model/$f "$dir/"; done
+      dir=$(det_model "${part#detbench_}")
       # shellcheck disable=SC2086  # DET_ARGS: more bench.deterministic arguments
       timeout "${LIMIT:-400}" python3 -m bench.deterministic --model "$dir" --random-weights ${DET_ARGS:-} \
         --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part (exit $?)"; tail -n 7 "$OUT/$part.log" ;;
     detgemms)  # bench.deterministic on the default model's shapes (random weights): the default mode and the
       # deterministic one under each SPECD_DETERMINISTIC_GEMMS of DET_GEMMS (cublas triton triton-split), one process each
-      dir=.device/smollm2-135m-det; [ "${DET_SHAPES:-}" = 8b ] && dir=.device/qwen3-8b-det  # DET_SHAPES=8b: Qwen3-8B's
-      for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do cp .device/model/$f "$dir/"; done
+      dir=$(det_model "${DET_SHAPES:-135m}")  # DET_SHAPES=8b: Qwen3-8B's shapes
       modes="default deterministic"
       for gemms in ${DET_GEMMS:-cublas triton triton-split}; do
         # shellcheck disable=SC2086

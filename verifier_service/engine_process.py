@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import threading
 import time
@@ -31,6 +30,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from specd.pipe_frames import pickled
 from specd.sampling import SamplingParams
 from specd.startup_errors import StartupError
 from verifier_service import step_message
@@ -159,8 +159,7 @@ def run_engine_process(config, conn: Connection, parent_pid: int) -> None:
     sender = threading.Lock()
 
     def send(message) -> None:
-        # pickle.dumps and send_bytes: what Connection.send writes, without its pickler object per call (every step)
-        payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        payload = pickled(message)  # what Connection.send writes, without its per-call pickler (every step)
         with sender:
             conn.send_bytes(payload)
 

@@ -1,10 +1,11 @@
-"""PipeReader: the messages a real multiprocessing Pipe carries, read in one call, whatever their sizes."""
+"""specd/pipe_frames.py: the messages a real multiprocessing Pipe carries, read in one call whatever their sizes, and
+pickled() read back by a plain Connection.recv."""
 import multiprocessing
 import threading
 
 import pytest
 
-from drafter_service.pipe_reader import PipeReader
+from specd.pipe_frames import PipeReader, pickled
 
 
 @pytest.fixture
@@ -76,3 +77,10 @@ def test_messages_written_before_the_peer_closed_are_read_even_past_one_recv(pip
             received += reader.available()
     writer.join()
     assert received == sent
+
+
+def test_pickled_bytes_are_what_a_connection_receives(pipe):
+    ours, theirs, _ = pipe
+    message = ("step", [("r0", 0, [1, 2, 3], 4, 1, 3, "")], {"r0": [5, 6]})
+    ours.send_bytes(pickled(message))
+    assert theirs.recv() == message
