@@ -162,30 +162,30 @@ class _Run:
         self._sent: list[str] = []  # the text sent so far, piece by piece (joined only when requests are logged)
 
     def step(self, chunk: VerifierChunk) -> TextChunk:
-        out = self._step(chunk)
-        self._sent.append(out.text)
+        """The client's chunk for one verifier step (run for every request at every step: kept lean)."""
+        ids = chunk.token_ids
+        self.stats.tokens_arrived(len(ids))
+        if chunk.seed is not None:
+            self.seed = chunk.seed
+        self.usage = chunk.usage or self.usage
+        pieces = self.detokenizer.pieces(ids)
+        text = self.stop.feed("".join(pieces))
+        if self.logprobs is not None:
+            self.logprobs.add(pieces, chunk.logprobs)
+        if self.stop.stopped:
+            # The gateway ends the request itself: the verifier's counts so far are its totals.
+            out = TextChunk(text, ids, "stop", self.usage, self._logprobs_sent(text, stopped=True))
+        elif chunk.finish_reason:
+            text += self.stop.flush()
+            out = TextChunk(text, ids, chunk.finish_reason, self.usage, self._logprobs_sent(text, finished=True))
+        else:
+            out = TextChunk(text, ids, logprobs=None if self.logprobs is None else self._logprobs_sent(text))
+        self._sent.append(text)
         return out
 
     @property
     def text(self) -> str:
         return "".join(self._sent)
-
-    def _step(self, chunk: VerifierChunk) -> TextChunk:
-        self.stats.tokens_arrived(len(chunk.token_ids))
-        self.seed = chunk.seed if chunk.seed is not None else self.seed
-        self.usage = chunk.usage or self.usage
-        pieces = self.detokenizer.pieces(chunk.token_ids)
-        text = self.stop.feed("".join(pieces))
-        if self.logprobs is not None:
-            self.logprobs.add(pieces, chunk.logprobs)
-        ids = list(chunk.token_ids)
-        if self.stop.stopped:
-            # The gateway ends the request itself: the verifier's counts so far are its totals.
-            return TextChunk(text, ids, "stop", self.usage, self._logprobs_sent(text, stopped=True))
-        if chunk.finish_reason:
-            text += self.stop.flush()
-            return TextChunk(text, ids, chunk.finish_reason, self.usage, self._logprobs_sent(text, finished=True))
-        return TextChunk(text, ids, logprobs=self._logprobs_sent(text))
 
     def _logprobs_sent(self, text: str, finished: bool = False, stopped: bool = False) -> list | None:
         if self.logprobs is None:

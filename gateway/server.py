@@ -10,7 +10,6 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-import anyio
 import uvicorn
 
 from gateway.auth import ApiKeyInterceptor
@@ -77,7 +76,6 @@ async def start(config: GatewayConfig) -> RunningGateway:
     /health's job). Raises PortInUse naming the option that moves a taken port, with nothing left bound."""
     pipeline = build_pipeline(config)
     await pipeline.warm_up()
-    await _load_streaming()
     interceptors = ([ApiKeyInterceptor(config.api_key, pipeline.metrics.count_rejected)]
                     if config.api_key else [])
     grpc_server = GrpcServer(
@@ -103,13 +101,6 @@ async def start(config: GatewayConfig) -> RunningGateway:
         undo.pop_all()
     await grpc_server.mark_ready()
     return RunningGateway(pipeline, grpc_server, http_server, http_task)
-
-
-async def _load_streaming() -> None:
-    """Imports what a first streamed HTTP response would: Starlette runs a StreamingResponse in an anyio task group,
-    and anyio imports its asyncio backend on first use (23 ms on a small CPU, in the first request of each process)."""
-    async with anyio.create_task_group():
-        pass
 
 
 def _http_server(config: GatewayConfig, pipeline: Pipeline) -> uvicorn.Server:

@@ -41,15 +41,18 @@ def sample_requests(request: GenerationRequest, count: int) -> list[GenerationRe
     return [request.with_sampling(seed=(seed + i) % _SEEDS) for i in range(count)]
 
 
-async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
-                      deadline: float | None) -> AsyncIterator[tuple[int, TextChunk]]:
-    """(choice index, chunk) of every sample as they come, until all have finished; the first error raises.
-    Closing it early cancels every sample (and its verifier call)."""
+def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
+                deadline: float | None) -> AsyncIterator[TextChunk]:
+    """Every sample's chunks, each with its choice index, as they come, until all have finished; the first error
+    raises. Closing it early cancels every sample (and its verifier call). One sample is the pipeline's own
+    stream: no layer between it and the client on the path every streamed token takes."""
     if len(requests) == 1:
-        async with aclosing(pipeline.generate(requests[0], deadline)) as chunks:
-            async for chunk in chunks:
-                yield 0, chunk
-        return
+        return pipeline.generate(requests[0], deadline)
+    return _samples(pipeline, requests, deadline)
+
+
+async def _samples(pipeline: Pipeline, requests: list[GenerationRequest],
+                   deadline: float | None) -> AsyncIterator[TextChunk]:
     arrivals: asyncio.Queue = asyncio.Queue()
     pin, prompt_cached = ReplicaPin(), asyncio.Event()
 
@@ -60,9 +63,10 @@ async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
             async with aclosing(pipeline.generate(request, deadline, pin)) as chunks:
                 async for chunk in chunks:
                     prompt_cached.set()
-                    arrivals.put_nowait((index, chunk))
+                    chunk.index = index
+                    arrivals.put_nowait(chunk)
         except Exception as error:  # noqa: BLE001 - handed to the consumer, which raises it
-            arrivals.put_nowait((index, error))
+            arrivals.put_nowait(error)
         finally:
             prompt_cached.set()  # the first sample failed before its first token: the others go anyway
 
@@ -70,10 +74,10 @@ async def interleaved(pipeline: Pipeline, requests: list[GenerationRequest],
     try:
         unfinished = len(requests)
         while unfinished:
-            index, item = await arrivals.get()
+            item = await arrivals.get()
             if isinstance(item, Exception):
                 raise item
-            yield index, item
+            yield item
             unfinished -= bool(item.finish_reason)
     finally:
         for task in tasks:
@@ -111,11 +115,11 @@ class Choice:
         return sum(entry.chosen.logprob for entry in self.logprobs or ())
 
 
-async def collect(chunks: AsyncIterator[tuple[int, TextChunk]]) -> list[Choice]:
+async def collect(chunks: AsyncIterator[TextChunk]) -> list[Choice]:
     """Every sample's choice, in index order."""
     choices: dict[int, Choice] = {}
-    async for index, chunk in chunks:
-        choices.setdefault(index, Choice(index)).add(chunk)
+    async for chunk in chunks:
+        choices.setdefault(chunk.index, Choice(chunk.index)).add(chunk)
     return [choices[index] for index in sorted(choices)]
 
 

@@ -20,38 +20,38 @@ class ClientGone(Exception):
     """The HTTP client disconnected before its response was ready."""
 
 
-def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
-    """Answers each error of `app` as an OpenAI error object and counts it (UpstreamError is counted by
-    the pipeline, which sees it first)."""
+# What error_response answers as the client's or the verifier's doing; anything else is a bug.
+ANSWERED_ERRORS = (RequestError, BodyTooLarge, HTTPException, UpstreamError, ClientGone)
 
-    @app.exception_handler(RequestError)
-    async def bad_request(_request: Request, error: RequestError):
+
+def error_response(error: Exception, metrics: GatewayMetrics, method: str, path: str) -> Response:
+    """The answer to `error`, raised while serving `method path`, counted (UpstreamError is counted by the
+    pipeline, which sees it first); anything unexpected is a 500 that does not tell the client why."""
+    if isinstance(error, RequestError):
         metrics.count_rejected("INVALID_ARGUMENT")
         return JSONResponse(responses.error_body(error.message, "invalid_request_error", error.field), 400)
-
-    @app.exception_handler(BodyTooLarge)
-    async def too_large(_request: Request, error: BodyTooLarge):
+    if isinstance(error, BodyTooLarge):
         metrics.count_rejected("RESOURCE_EXHAUSTED")  # what gRPC answers to an oversized message
         return JSONResponse(responses.error_body(error.message, "invalid_request_error", "body"), 413)
-
-    @app.exception_handler(HTTPException)
-    async def no_such_route(request: Request, error: HTTPException):
+    if isinstance(error, HTTPException):
         error_type, code = _ROUTING_ERRORS.get(error.status_code, ("invalid_request_error", "INVALID_ARGUMENT"))
         metrics.count_rejected(code)
-        message = f"{request.method} {request.url.path}: {error.detail}"
+        message = f"{method} {path}: {error.detail}"
         return JSONResponse(responses.error_body(message, error_type), error.status_code, headers=error.headers)
-
-    @app.exception_handler(Exception)
-    async def server_error(_request: Request, _error: Exception):
-        """A bug: logged with its traceback (by Starlette), answered without one."""
-        metrics.count_rejected("INTERNAL")
-        return JSONResponse(responses.error_body("internal error", "server_error"), 500)
-
-    @app.exception_handler(UpstreamError)
-    async def upstream_failed(_request: Request, error: UpstreamError):
+    if isinstance(error, UpstreamError):
         status, error_type = responses.status_for(error.code)
         return JSONResponse(responses.error_body(error.message, error_type), status)
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(_request: Request, _error: ClientGone):
+    if isinstance(error, ClientGone):
         return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+    metrics.count_rejected("INTERNAL")
+    return JSONResponse(responses.error_body("internal error", "server_error"), 500)
+
+
+def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
+    """Answers each error of `app` with error_response. (Starlette logs an unexpected one with its traceback.)"""
+
+    async def handle(request: Request, error: Exception) -> Response:
+        return error_response(error, metrics, request.method, request.url.path)
+
+    for kind in (*ANSWERED_ERRORS, Exception):
+        app.add_exception_handler(kind, handle)
