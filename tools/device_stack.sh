@@ -13,8 +13,10 @@
 #           beside its engine alone and Hugging Face at batch 1
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
 # ab      : this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64) clients, k = 0 and 4
-# gwprocs : this tree with --gateway-processes each of GW_PROCS (2 4): the real weights, AB_CLIENTS (64 256), k = 0
-#           and 4, stack only (each run's gateway CPU a token at that process count)
+# abgw    : the front door, this tree and .device/old in turn (new, old, old, new): random weights of the default model's
+#           shapes with its real tokenizer, 64 and 256 clients, k = 0, stack only (needs no GGUF: one call)
+# gwprocs : this tree with --gateway-processes each of GW_PROCS (2 4): random weights as abgw's, 64 and 256 clients,
+#           k = 0, stack only (each run's gateway CPU a token at that process count)
 # policy  : the real weights, --draft-policy goodput at 1 / 16 / 64 clients (k = 0, 4), then batch-size at 16 / 64 (k = 4)
 # spec    : the real weights, 1 and 16 clients (SPEC_CLIENTS), speculation off and on (SPEC_KS): this tree (with its
 #           engine alone; SPEC_ARGS: more of its arguments, e.g. --hf 4), then .device/old (stack only)
@@ -187,11 +189,18 @@ for part in "$@"; do
           fi
         done
       done ;;
-    gwprocs) default_model || continue  # the front door's process count at 64 / 256 clients (issue #34)
-      for procs in ${GW_PROCS:-2 4}; do
+    abgw)  # each run's gateway CPU a token is the number compared
+      random_model; run=0
+      for tree in new old old new; do
+        dir=.; offset=800; [ "$tree" = old ] && dir=.device/old offset=900
         # shellcheck disable=SC2086
-        TAIL=8 LIMIT=${AB_LIMIT_NEW:-200} stack . "gw$procs" --clients ${AB_CLIENTS:-64 256} \
-          --num-requests "${SPEC_REQUESTS:-768}" --ks 0 4 --no-engine -- --gateway-processes "$procs"
+        TAIL=4 LIMIT=${AB_LIMIT_NEW:-140} stack "$dir" "abgw_$tree$((++run))" --model /tmp/models/smollm2-135m \
+          --clients 64 256 --ks 0 --num-requests "${SPEC_REQUESTS:-768}" --no-engine --port-offset $offset
+      done ;;
+    gwprocs) random_model  # the front door's process count at 64 / 256 clients (issue #34)
+      for procs in ${GW_PROCS:-2 4}; do
+        TAIL=4 LIMIT=${AB_LIMIT_NEW:-140} stack . "gw$procs" --model /tmp/models/smollm2-135m --clients 64 256 \
+          --ks 0 --num-requests "${SPEC_REQUESTS:-768}" --no-engine -- --gateway-processes "$procs"
       done ;;
     sched)  # why the stack's engine thread is slower than its engine alone at 64 clients: every python thread's CPU
       default_model || continue  # time, run-queue wait and switches (tools/thread_sched.py), default torch threads,
