@@ -191,7 +191,7 @@ for part in "$@"; do
       done ;;
     abgw)  # each run's gateway CPU a token is the number compared
       random_model; run=0
-      for tree in new old old new; do
+      for tree in ${ABGW_ORDER:-new old old new}; do
         dir=.; offset=800; [ "$tree" = old ] && dir=.device/old offset=900
         # shellcheck disable=SC2086
         TAIL=4 LIMIT=${AB_LIMIT_NEW:-140} stack "$dir" "abgw_$tree$((++run))" --model /tmp/models/smollm2-135m \
