@@ -4,7 +4,8 @@ process, and CLIENTS closed-loop streaming chat clients (bench/sse_load.py) send
 
     PYTHONPATH=.:tests python tools/gateway_cpu.py
     env: STEP_S=0.005 CLIENTS=64 REQUESTS=256 MAX_TOKENS=128 GATEWAY_PROCESSES=1,
-         PYSPY=1 (with py-spy on PATH): also a raw profile of the gateway (PYSPY_S seconds, 5) in tools/gateway_cpu.txt,
+         PYSPY=1 (with py-spy on PATH): also a raw profile of the gateway, thread by thread (PYSPY_S seconds, 5) in
+         tools/gateway_cpu.txt,
          GATEWAY_PYTHON_ARGS="-m cProfile -o gateway.prof": the gateway's interpreter options,
          FLOOR=1: instead of the gateway, a bare uvicorn ASGI app sending one fixed chat chunk per request at each
          step, the same events on the same sockets: what any Python ASGI front end pays on this machine
@@ -178,7 +179,7 @@ def main() -> None:
         spy = None
         if os.environ.get("PYSPY"):
             spy = subprocess.Popen(["py-spy", "record", "-o", "tools/gateway_cpu.txt", "-f", "raw", "-r", "400",
-                                    "-p", str(gateway.pid), "--nonblocking", "-d", os.environ.get("PYSPY_S", "5")],
+                                    "-p", str(gateway.pid), "--threads", "--nonblocking", "-d", os.environ.get("PYSPY_S", "5")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = cpu_seconds(process)
         records, wall = run_load("127.0.0.1", http_port, bodies, CLIENTS)
