@@ -182,7 +182,9 @@ async def test_metrics_expose_the_gateway_metrics(client):
         assert name in text
 
 
-async def test_a_disconnecting_streaming_client_cancels_the_verifier_call(client, stack):
+async def test_a_disconnecting_streaming_client_cancels_the_verifier_call_and_counts_an_abort(client, stack):
+    registry = stack.gateway.pipeline.metrics.registry
+    aborted = registry.get_sample_value("specd_requests_total", {"finish_reason": "abort"}) or 0
     stack.verifier.hold_after_steps = 1
     async with client.stream("POST", "/v1/completions",
                              json={"model": "default", "prompt": "x", "stream": True}) as response:
@@ -190,6 +192,7 @@ async def test_a_disconnecting_streaming_client_cancels_the_verifier_call(client
             if line.startswith("data: "):
                 break  # one delta arrived; now hang up
     await asyncio.wait_for(stack.verifier.cancelled.wait(), 5)
+    assert registry.get_sample_value("specd_requests_total", {"finish_reason": "abort"}) == aborted + 1
 
 
 async def test_a_disconnecting_non_streaming_client_cancels_the_verifier_call(stack):
