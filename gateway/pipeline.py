@@ -179,7 +179,7 @@ class _Run:
             text += self.stop.flush()
             out = TextChunk(text, ids, chunk.finish_reason, self.usage, self._logprobs_sent(text, finished=True))
         else:
-            out = TextChunk(text, ids, logprobs=None if self.logprobs is None else self._logprobs_sent(text))
+            out = TextChunk(text, ids, logprobs=self._logprobs_sent(text))
         self._sent.append(text)
         return out
 

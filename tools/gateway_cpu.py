@@ -179,7 +179,8 @@ def main() -> None:
         spy = None
         if os.environ.get("PYSPY"):
             spy = subprocess.Popen(["py-spy", "record", "-o", "tools/gateway_cpu.txt", "-f", "raw", "-r", "400",
-                                    "-p", str(gateway.pid), "--threads", "--nonblocking", "-d", os.environ.get("PYSPY_S", "5")],
+                                    "-p", str(gateway.pid), "--threads", "--nonblocking",
+                                    "-d", os.environ.get("PYSPY_S", "5")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = cpu_seconds(process)
         records, wall = run_load("127.0.0.1", http_port, bodies, CLIENTS)
