@@ -2,7 +2,7 @@
 by kernel family (the one profiling tool; the probes it replaced are listed in docs/BENCHMARKS.md).
 
     python -m bench.profile_step MODEL_DIR [--no-compile]   # one batch-1 decode step x 20: the profiler's table
-    python -m bench.profile_step MODEL_DIR --trace [--graph] [--deterministic]
+    python -m bench.profile_step MODEL_DIR --trace [--graph] [--deterministic] [--batch N]
     python -m bench.profile_step MODEL_DIR --prefill
 
 Without options it prints the profiler's table of one decode step x 20, run without CUDA graphs. With --trace it
@@ -11,7 +11,8 @@ so that every kernel of a layer can be attributed (norm, GEMM, QK-norm + RoPE, K
 then the kernels per layer of each step (the step's kernels minus those outside the layers, / layers).
 With --graph the traced steps are replays of the captured CUDA graphs (batch 1, widths 1 and 5): the kernels
 and durations of the graph itself, without the host-side copies of an eager step; with --deterministic, of the
-deterministic mode's model (its linears, norms and attention, uncompiled). --prefill: where a prompt's
+deterministic mode's model (its linears, norms and attention, uncompiled); with --batch N, of N sequences at once
+(each step's GPU time by kernel family follows its kernels). --prefill: where a prompt's
 time to first token goes. `profiled_kernels` and `print_kernel_table` summarise any GPU run by kernel family
 (bench/gpu_throughput.py --kernels).
 """
@@ -57,12 +58,13 @@ def replayed(runner: ModelRunner, batch: ScheduledBatch) -> list:
     return sorted(kernels, key=lambda e: e.time_range.start)
 
 
-def trace(runner: ModelRunner, table: list[int], graphs: bool) -> None:
+def trace(runner: ModelRunner, table: list[int], graphs: bool, size: int = 1) -> None:
     layers = len(runner.model.model.layers)
     for name, width in (("decode", 1), ("verify k=4", 5)):
-        batch = ScheduledBatch([ScheduledRequest("a", [5] * width, CONTEXT, table, width - 1, width)])
+        batch = ScheduledBatch([ScheduledRequest(f"r{i}", [5] * width, CONTEXT, table, width - 1, width)
+                                for i in range(size)])
         kernels = replayed(runner, batch) if graphs else profiled(runner, batch, 1)[1]
-        name += " (graph replay)" if graphs else ""
+        name += f", batch {size}" + (" (graph replay)" if graphs else "")
         print(f"\n== {name}: {len(kernels)} kernels in one step ({layers} layers) ==")
         for i, e in enumerate(kernels):
             print(f"{i:4d} {e.device_time:8.1f} us  {e.name[:150]}")
@@ -71,6 +73,11 @@ def trace(runner: ModelRunner, table: list[int], graphs: bool) -> None:
         per_layer = len(kernels) // layers
         print(f"{name}: kernels per step {len(kernels)}, ~{per_layer} per layer "
               f"(+{len(kernels) - per_layer * layers} outside), GPU time {sum(e.device_time for e in kernels) / 1e3:.3f} ms")
+        families: dict[str, float] = {}
+        for e in kernels:
+            families[kernel_family(e.name)] = families.get(kernel_family(e.name), 0.0) + e.device_time
+        print(f"{name}: us by family: " + ", ".join(f"{label} {us:.1f}" for label, us in
+                                                    sorted(families.items(), key=lambda kv: -kv[1])))
 
 
 def prefill(model_dir: str) -> None:
@@ -172,9 +179,10 @@ def main() -> None:
     table = [0, 1, 2]
     runner.execute(ScheduledBatch([ScheduledRequest("a", list(range(1, CONTEXT + 1)), 0, table, 0, 1)]))
     if "--trace" in sys.argv:
+        size = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 1
         if "--graph" in sys.argv:
-            runner.capture_cuda_graphs(1, [1, 5])
-        trace(runner, table, graphs="--graph" in sys.argv)
+            runner.capture_cuda_graphs(size, [1, 5])
+        trace(runner, table, graphs="--graph" in sys.argv, size=size)
         return
     batch = ScheduledBatch([ScheduledRequest("a", [5], CONTEXT, table, 0, 1)])
     prof, kernels = profiled(runner, batch, 20)

@@ -1,9 +1,10 @@
-"""The engine's own loop, step by step, at one request: what a step costs beyond its forward's kernels.
+"""The engine's own loop, step by step, at one request or a batch: what a step costs beyond its forward's kernels.
 
-    python -m bench.step_timeline [--model DIR] [--device cuda] [--ks 0 4] [--steps 300] [--out timeline.json] \
-        [-- VERIFIER OPTIONS]
+    python -m bench.step_timeline [--model DIR] [--device cuda] [--ks 0 4] [--batch 1 16] [--steps 300] \
+        [--out timeline.json] [-- VERIFIER OPTIONS]
 
-For each k, one request (an instruction prompt, greedy, ignore_eos, long enough for every step timed) runs in the
+For each batch size and k, that many requests (instruction prompts, greedy, ignore_eos, long enough for every step
+timed) run at once in the
 engine as the verifier builds it (its engine config from `specd verifier`'s defaults: CUDA graphs and async
 scheduling on the GPU; the drafter's rule in process, memory off). After a warm-up, `--steps` steps are timed:
 - on the host, each engine stage's time (perf_counter around the engine's methods; `collect` is the wait for the
@@ -27,13 +28,13 @@ import torch
 STAGES = ("_schedule", "_propose", "_collect_ahead", "_ask_ahead", "_launch", "_collect", "_update")
 
 
-def prompt_ids(model: str) -> list[int]:
+def prompt_ids(model: str, count: int = 1) -> list[list[int]]:
     from bench.instruction_prompts import instruction_prompts
     from gateway.tokenizer import Tokenizer
     from specd.default_model import resolve_model_path
 
     tokenizer = Tokenizer(resolve_model_path(model))
-    return tokenizer.encode_chat([{"role": "user", "content": instruction_prompts(1)[0]}])
+    return [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in instruction_prompts(count)]
 
 
 class Timers:
@@ -94,24 +95,27 @@ def run_steps(engine, steps: int) -> tuple[float, int]:
     return time.perf_counter() - started, tokens
 
 
-def measure(engine, timers: Timers, prompt: list[int], k: int, steps: int, warm: int = 30) -> dict:
+def measure(engine, timers: Timers, prompts: list[list[int]], k: int, steps: int, warm: int = 30) -> dict:
     from specd.sampling import SamplingParams
 
-    request_id = f"timeline-k{k}"
-    engine.add_request(request_id, prompt, SamplingParams(max_tokens=(warm + steps) * (k + 1) + 64, ignore_eos=True,
-                                                          num_speculative_tokens=k))
+    request_ids = [f"timeline-k{k}-{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(request_ids, prompts):
+        engine.add_request(request_id, prompt, SamplingParams(
+            max_tokens=(warm + steps) * (k + 1) + 64, ignore_eos=True, num_speculative_tokens=k))
     run_steps(engine, warm)
     timers.seconds.clear()
     timers.events.clear()
     timers.on = True
     wall, tokens = run_steps(engine, steps)
     timers.on = False
-    row = {"k": k, "steps": steps, "wall_ms": 1e3 * wall / steps, "tokens": tokens / steps,
+    row = {"batch": len(prompts), "k": k, "steps": steps, "wall_ms": 1e3 * wall / steps,
+           "tokens": tokens / steps / len(prompts),
            "stage_ms": {name: 1e3 * seconds / steps for name, seconds in timers.seconds.items()}}
     row["stage_ms"]["rest"] = row["wall_ms"] - sum(row["stage_ms"].values())  # the loop's own, between stages
     if torch.cuda.is_available():
         row.update(timers.device_ms())
-    engine.abort(request_id)
+    for request_id in request_ids:
+        engine.abort(request_id)
     while engine.has_unfinished_requests():
         engine.step()
     return row
@@ -119,11 +123,11 @@ def measure(engine, timers: Timers, prompt: list[int], k: int, steps: int, warm:
 
 def print_table(rows: list[dict]) -> None:
     names = [name.lstrip("_") for name in STAGES if any(name.lstrip("_") in r["stage_ms"] for r in rows)] + ["rest"]
-    print("| k | tokens / step | wall ms / step | device span ms | device idle ms | span at 512 keys, + per 1k "
-          "| keys | host ms / step: " + ", ".join(names) + " |\n|---|---|---|---|---|---|---|---|")
+    print("| batch | k | tokens / step a request | wall ms / step | device span ms | device idle ms | span at 512 keys, + per 1k "
+          "| keys | host ms / step: " + ", ".join(names) + " |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         stages = " / ".join(f"{r['stage_ms'].get(name, 0):.3f}" for name in names)
-        print(f"| {r['k']} | {r['tokens']:.2f} | {r['wall_ms']:.3f} | {r.get('device_ms', 0):.3f} "
+        print(f"| {r['batch']} | {r['k']} | {r['tokens']:.2f} | {r['wall_ms']:.3f} | {r.get('device_ms', 0):.3f} "
               f"| {r.get('device_idle_ms', 0):.3f} | {r.get('device_ms_at_512', 0):.3f}, "
               f"+{r.get('device_ms_per_1k_keys', 0):.3f} | {'-'.join(map(str, r.get('contexts', [])))} | {stages} |")
 
@@ -133,6 +137,7 @@ def main() -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 4])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1], help="requests at once (each size a run per k)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", default="timeline.json")
     parser.add_argument("verifier_args", nargs="*", help="more `specd verifier` options, after --")
@@ -144,8 +149,8 @@ def main() -> None:
     timers = Timers()
     print(f"engine built and warmed up in {time.perf_counter() - started:.1f} s", flush=True)
     timers.wrap(engine)
-    prompt = prompt_ids(args.model)
-    rows = [measure(engine, timers, prompt, k, args.steps) for k in args.ks]
+    prompts = prompt_ids(args.model, max(args.batch))
+    rows = [measure(engine, timers, prompts[:batch], k, args.steps) for batch in args.batch for k in args.ks]
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     print_table(rows)

@@ -39,9 +39,9 @@
 # stack_engine: the same for this tree, each run beside its engine alone on the same requests
 # engine_new / engine_old: the engine benches (device_run.sh latency1 throughput / before throughput_before);
 # engine_throughput: device_run.sh throughput alone (TP_CONFIGS=compiled picks one configuration)
-# timeline / timeline_real: the engine's own loop at one request, k = 0 and 4 (python -m bench.step_timeline): device
-#           busy and idle a step, the idle split by the host's stage; random weights of the default model's shapes /
-#           the real weights
+# timeline / timeline_real: the engine's own loop at one request (and at TIMELINE_BATCH's size), k = 0 and 4
+#           (python -m bench.step_timeline): device busy and idle a step, the idle split by the host's stage; random
+#           weights of the default model's shapes / the real weights
 # fewrows : `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas)
 # gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
 # envs_stack: the real weights through the stack once under each VAR=value of ENVS, 1 and 16 clients (ENVS_CLIENTS),
@@ -49,7 +49,8 @@
 # splitk  : `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0)
 # fewrows_stack: the real weights through the stack, 1 and 16 clients, k = 0 and 4, memory off, with
 #           SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton) then FEWROWS_BASE (cublas), stack only
-# kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes)
+# kernels : one decode and one verify step's kernels (bench.profile_step --trace --graph, the default model's shapes),
+#           at batch 1 and at each of KERNELS_BATCH's sizes
 # stalls  : the real weights, drafter memory on, k = 4, 500 prompts twice at 1 and at 16 clients: the verifier's
 #           stalls (specd_step_stalls_total) and the slow steps it logged
 # verifycost: the real weights, one client, k = 0 and 4, memory off: the engine's mean step and stages
@@ -108,10 +109,14 @@ det_model() {  # det_model SHAPES (8b or 135m): the config-only random checkpoin
   echo "$dir"
 }
 
-trace_kernels() {  # one decode and one verify step's kernels (k = 4, CUDA graphs, batch 1), the default model's shapes
+trace_kernels() {  # one decode and one verify step's kernels (k = 4, CUDA graphs), the default model's shapes
+  local size
   random_model
-  timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph > "$OUT/kernels.log" 2>&1
-  echo "== kernels"; tail -n 40 "$OUT/kernels.log"
+  for size in 1 ${KERNELS_BATCH:-}; do
+    timeout 300 python3 -m bench.profile_step /tmp/models/smollm2-135m --trace --graph --batch "$size" \
+      > "$OUT/kernels_$size.log" 2>&1
+    echo "== kernels, batch $size"; grep "kernels per step\|by family" "$OUT/kernels_$size.log"
+  done
 }
 
 timelines_under() {  # timelines_under NAME VAR VALUE...: bench.step_timeline (random weights) once with VAR=each VALUE
@@ -256,7 +261,7 @@ for part in "$@"; do
       if [ "$part" = timeline ]; then random_model; model=/tmp/models/smollm2-135m; else
         default_model || continue; model=default; fi
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout 300 python3 -m bench.step_timeline --model "$model" \
-        --device cuda --ks 0 4 --steps 300 --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
+        --device cuda --ks 0 4 --batch 1 ${TIMELINE_BATCH:-} --steps 300 --out "$OUT/$part.json" > "$OUT/$part.log" 2>&1
       echo "== $part"; grep -v Warning "$OUT/$part.log" | tail -n 24 ;;
     fewrows)  # `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas), random weights
       # shellcheck disable=SC2086
