@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specd.options import MAX_STREAM_INTERVAL
+from specd.options import MAX_STREAM_INTERVAL, VERIFIER_TRANSPORTS
 from specd.serving import TlsConfig
 
 
@@ -30,6 +30,7 @@ class GatewayConfig:
     log_requests: bool = False  # log prompts and outputs; off, they never reach the logs
     processes: int = 1  # gateway processes sharing both ports (gateway/processes.py)
     stream_interval: int = 1  # tokens a stream gathers per event after its first (verifier_stream.Updates)
+    verifier_transport: str = "socket"  # the Serve stream over a verifier's Serve socket where it has one, or "grpc"
     reuse_port: bool = False  # set by gateway/processes.py for its workers: bind the ports with SO_REUSEPORT
 
     def __post_init__(self) -> None:
@@ -55,6 +56,9 @@ class GatewayConfig:
             raise ValueError(f"processes: must be >= 1, got {self.processes}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"stream_interval: must be in 1..{MAX_STREAM_INTERVAL}, got {self.stream_interval}")
+        if self.verifier_transport not in VERIFIER_TRANSPORTS:
+            raise ValueError(f"verifier_transport: must be one of {', '.join(VERIFIER_TRANSPORTS)}, "
+                             f"got {self.verifier_transport!r}")
         if self.processes > 1 and not (self.grpc_port and self.http_port):
             raise ValueError("processes: several gateway processes need fixed ports (not 0)")
         if self.grace_seconds < 0:

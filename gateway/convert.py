@@ -70,4 +70,4 @@ def get_load_request() -> verifier_pb2.GetLoadRequest:
 def load_from_pb(message: verifier_pb2.LoadReport) -> ReplicaLoad:
     return ReplicaLoad(num_running=message.num_running, num_waiting=message.num_waiting,
                        kv_cache_usage=message.kv_cache_usage, model=message.model,
-                       max_model_len=message.max_model_len)
+                       max_model_len=message.max_model_len, serve_port=message.serve_port)

@@ -116,3 +116,4 @@ class ReplicaLoad:
     kv_cache_usage: float = 0.0
     model: str = ""
     max_model_len: int = 0  # 0 = not reported
+    serve_port: int = 0  # the replica's Serve socket (0: it has none)

@@ -39,12 +39,15 @@ RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOUR
 class Replica:
     """One verifier address: its channel, last load report, health, and this gateway's calls on it."""
 
-    def __init__(self, address: str, tls: TlsConfig | None, stream_interval: int = 1) -> None:
+    def __init__(self, address: str, tls: TlsConfig | None, stream_interval: int = 1,
+                 transport: str = "socket") -> None:
         self.address = address
         self.channel = open_channel(address, tls)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
-        self.stream = VerifierStream(self.stub, address, stream_interval)
+        # The Serve socket the last load report named (transport "socket"), else gRPC Serve.
+        serve_socket = (lambda: self.load.serve_port) if transport == "socket" else (lambda: 0)
+        self.stream = VerifierStream(self.stub, address, stream_interval, serve_socket, tls)
         self.healthy = False
         self.load = ReplicaLoad()
         self.in_flight = 0
@@ -91,11 +94,12 @@ class Router:
     """Spreads requests over verifier replicas; `start()` before use, `close()` at shutdown."""
 
     def __init__(self, addresses: Sequence[str], tls: TlsConfig | None = None,
-                 poll_interval: float = 0.5, stream_interval: int = 1) -> None:
-        """stream_interval: tokens a request's stream gathers before it wakes (verifier_stream.Updates)."""
+                 poll_interval: float = 0.5, stream_interval: int = 1, transport: str = "socket") -> None:
+        """stream_interval: tokens a request's stream gathers before it wakes (verifier_stream.Updates);
+        transport: "socket" streams over each replica's Serve socket where it reports one, "grpc" over gRPC Serve."""
         if not addresses:
             raise ValueError("verifier_addrs: at least one verifier address is needed")
-        self.replicas = [Replica(address, tls, stream_interval) for address in addresses]
+        self.replicas = [Replica(address, tls, stream_interval, transport) for address in addresses]
         self.poll_interval = poll_interval
         self._round_robin = itertools.count()
         self._poller: asyncio.Task | None = None

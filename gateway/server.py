@@ -65,7 +65,7 @@ def build_pipeline(config: GatewayConfig) -> Pipeline:
     """Tokenizer, router and metrics for `config` (the router is not started yet)."""
     model_path = Path(config.model_path)
     router = Router(config.verifier_addrs, config.tls, poll_interval=config.health_poll_seconds,
-                    stream_interval=config.stream_interval)
+                    stream_interval=config.stream_interval, transport=config.verifier_transport)
     return Pipeline(Tokenizer(model_path), router, GatewayMetrics(),
                     model_max_len=config.max_model_len or _model_max_len(model_path),
                     model_name=model_path.name, log_requests=config.log_requests)

@@ -3,7 +3,8 @@
 `start()` sends a request and returns the `Updates` its updates arrive on; `abort()` stops it. Starts and aborts that
 pile up while a write is under way leave together in the next message. One task reads the stream and hands each
 request its update from every (columnar) message: a step costs one gRPC message per gateway, not one per request.
-The stream opens on first use; if it ends or breaks, every request on it gets an UpstreamError with its status
+The stream is the replica's Serve socket (gateway/serve_socket.py) where its load report names one, else gRPC Serve.
+It opens on first use; if it ends or breaks, every request on it gets an UpstreamError with its status
 (UNAVAILABLE when it simply ended), so the router resumes it on another replica, and the next start opens a new one.
 """
 from __future__ import annotations
@@ -14,6 +15,9 @@ import logging
 import grpc
 
 from gateway.request import TokenLogprobs, Usage, VerifierChunk
+from gateway.serve_socket import SocketCall
+from specd.serve_socket import client_ssl
+from specd.serving import TlsConfig
 from specd.v1 import verifier_pb2
 
 logger = logging.getLogger(__name__)
@@ -67,8 +71,11 @@ class Updates:
 
 
 class VerifierStream:
-    def __init__(self, stub, address: str, stream_interval: int = 1) -> None:
+    def __init__(self, stub, address: str, stream_interval: int = 1, serve_socket=lambda: 0,
+                 tls: TlsConfig | None = None) -> None:
+        """serve_socket: the replica's Serve socket port when a stream opens (0: none, gRPC Serve then)."""
         self._stub, self.address, self._stream_interval = stub, address, stream_interval
+        self._serve_socket, self._ssl, self._tls = serve_socket, None, tls
         self._call = None
         self._live: dict[str, Updates] = {}  # request id -> its updates
         self._starts: list[verifier_pb2.ServeStart] = []
@@ -98,7 +105,13 @@ class VerifierStream:
             self._call.cancel()
 
     def _open(self) -> None:
-        self._call = self._stub.Serve()
+        port = self._serve_socket()
+        if port:
+            if self._tls is not None and self._ssl is None:
+                self._ssl = client_ssl(self._tls)
+            self._call = SocketCall(self.address.rsplit(":", 1)[0].strip("[]"), port, self._ssl)
+        else:
+            self._call = self._stub.Serve()
         self._tasks = [asyncio.create_task(self._write(self._call)), asyncio.create_task(self._read(self._call))]
 
     async def _write(self, call) -> None:
@@ -109,7 +122,7 @@ class VerifierStream:
             aborts, self._aborts = self._aborts, []
             try:
                 await call.write(verifier_pb2.ServeRequest(starts=starts, abort_request_ids=aborts))
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, OSError):
                 return  # the reader sees the stream end and fails its requests
 
     async def _read(self, call) -> None:
@@ -119,6 +132,8 @@ class VerifierStream:
                 self._dispatch(response)
         except grpc.aio.AioRpcError as error:
             code, details = error.code(), error.details()
+        except (OSError, asyncio.IncompleteReadError) as error:  # the Serve socket failed or broke
+            details = f"Serve socket: {error}"
         except asyncio.CancelledError:
             code, details = grpc.StatusCode.CANCELLED, "the gateway is closing"
             raise

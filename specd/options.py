@@ -27,6 +27,7 @@ DRAFTING = ("evidence", "ngram")  # drafter_service/config.py's DrafterConfig.dr
 DRAFT_POLICIES = ("goodput", "batch-size")  # verifier_service/engine/draft_policy.py
 MAX_GATEWAY_PROCESSES = 64
 DEFAULT_MAX_GATEWAY_PROCESSES = 8  # --gateway-processes auto takes no more
+VERIFIER_TRANSPORTS = ("socket", "grpc")  # --verifier-transport
 MAX_STREAM_INTERVAL = 256  # --stream-interval: tokens a stream may gather into one event
 # --num-speculative-tokens left unset, per device (measured: docs/BENCHMARKS_ARCHIVE.md, "CPU default for k").
 DEFAULT_NUM_SPECULATIVE_TOKENS = {"cpu": 6, "cuda": 4}
@@ -71,6 +72,8 @@ class ServiceOptions:
     drain_seconds: float | None = None  # after SIGTERM, how long live calls may finish (None: the service's default)
     gateway_processes: int | None = None  # gateway: processes sharing its ports (None: sized from the CPUs)
     stream_interval: int = 1  # gateway: tokens a stream gathers per event after its first
+    serve_port: int = 0  # verifier: the Serve socket's port (0: a free one, named in its load reports)
+    verifier_transport: str = "socket"  # gateway: the Serve stream over the verifier's Serve socket, or gRPC
     max_num_seqs: int | None = None  # verifier: requests in the running batch (None: the device's default)
     max_num_batched_tokens: int | None = None  # verifier: tokens one step feeds the model (None: the device's)
     deterministic: bool = False  # verifier: batch-invariant kernels, the same greedy text in any batch
@@ -115,6 +118,8 @@ class ServiceOptions:
                              f"got {self.gateway_processes}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"stream_interval: must be in 1..{MAX_STREAM_INTERVAL}, got {self.stream_interval}")
+        if not 0 <= self.serve_port <= 65535:
+            raise ValueError(f"serve_port: must be in 0..65535, got {self.serve_port}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -261,6 +266,13 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
                        help="gateway: tokens a streamed response gathers into one event after its first token, "
                             "which is sent at once, as is the last (default 1: every step's tokens at once; more "
                             "costs the gateway less CPU a token, for a burstier stream)")
+    group.add_argument("--serve-port", type=int, default=int(environment.option("serve_port", "0")),
+                       help="verifier: port of its Serve socket, the gateways' request stream as plain frames "
+                            "(default 0: a free port, which its load reports name to the gateways)")
+    group.add_argument("--verifier-transport", choices=VERIFIER_TRANSPORTS,
+                       default=environment.option("verifier_transport", "socket"),
+                       help="gateway: socket = stream requests over each verifier's Serve socket (a fifth of "
+                            "gRPC's CPU a message), gRPC Serve where a verifier reports none; grpc = always gRPC")
 
 
 def _processes(value: str) -> int | None:
@@ -293,7 +305,8 @@ def options_from_args(args: argparse.Namespace) -> ServiceOptions:
         draft_memory_tokens=args.draft_memory_tokens, draft_min_probability=args.draft_min_probability,
         drafting=args.drafting, draft_policy=args.draft_policy,
         drain_seconds=args.drain_seconds, gateway_processes=args.gateway_processes,
-        stream_interval=args.stream_interval,
+        stream_interval=args.stream_interval, serve_port=args.serve_port,
+        verifier_transport=args.verifier_transport,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         deterministic=args.deterministic,
     )

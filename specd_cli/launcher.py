@@ -55,7 +55,8 @@ def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) ->
     gateway_port = GATEWAY_PORTS[0] + port_offset
     argv = _argv("gateway", options, gateway_port, None) + ["--http-port", str(GATEWAY_PORTS[1] + port_offset),
                                                             "--gateway-processes", str(_gateway_processes(options)),
-                                                            "--stream-interval", str(options.stream_interval)]
+                                                            "--stream-interval", str(options.stream_interval),
+                                                            "--verifier-transport", options.verifier_transport]
     services.append(ServiceProcess("gateway", argv + verifier_addrs, gateway_port))
     return services
 

@@ -31,5 +31,6 @@ def gateway_config_from_options(options: ServiceOptions):
         log_requests=options.log_requests,
         processes=options.resolved_gateway_processes(),
         stream_interval=options.stream_interval,
+        verifier_transport=options.verifier_transport,
         **drain(options),
     )

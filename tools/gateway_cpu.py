@@ -4,6 +4,7 @@ process, and CLIENTS closed-loop streaming chat clients (bench/sse_load.py) send
 
     PYTHONPATH=.:tests python tools/gateway_cpu.py
     env: STEP_S=0.005 CLIENTS=64 REQUESTS=256 MAX_TOKENS=128 GATEWAY_PROCESSES=1,
+         TRANSPORT=socket (the gateway's --verifier-transport: the fake verifier serves a Serve socket too),
          PYSPY=1 (with py-spy on PATH): also a raw profile of the gateway, thread by thread (PYSPY_S seconds, 5) in
          tools/gateway_cpu.txt,
          GATEWAY_PYTHON_ARGS="-m cProfile -o gateway.prof": the gateway's interpreter options,
@@ -42,6 +43,7 @@ def stepped_verifier(port_pipe) -> None:
     from specd.serving import GrpcServer, ServerConfig
     from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
     from support.scripted_verifier import _columns
+    from verifier_service.serve_socket import start_serve_socket
 
     text = AutoTokenizer.from_pretrained(resolve_model_path("default"))(open("README.md").read())["input_ids"]
 
@@ -60,8 +62,13 @@ def stepped_verifier(port_pipe) -> None:
         return items
 
     class Stepped(verifier_pb2_grpc.VerifierServicer):
+        attached, serve_port = True, 0  # as verifier_service/serve_socket.py reads a servicer
+
         async def GetLoad(self, request, context):
-            return verifier_pb2.LoadReport(model="default", max_model_len=8192)
+            return verifier_pb2.LoadReport(model="default", max_model_len=8192, serve_port=self.serve_port)
+
+        def serve(self, messages):
+            return self.Serve(messages, None)
 
         async def Serve(self, request_iterator, context):
             live: dict[str, list] = {}  # request id -> [request, tokens sent]
@@ -82,10 +89,12 @@ def stepped_verifier(port_pipe) -> None:
                 reader.cancel()
 
     async def serve() -> None:
+        stepped = Stepped()
         server = GrpcServer(ServerConfig(host="127.0.0.1", port=0, grace_seconds=0),
                             service_names=["specd.v1.Verifier"],
-                            register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(Stepped(), s))
+                            register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(stepped, s))
         await server.start()
+        serve_socket = await start_serve_socket(stepped, "127.0.0.1", 0, None)  # noqa: F841 - serves until exit
         await server.mark_ready()
         port_pipe.send(server.port)
         await asyncio.Event().wait()
@@ -99,7 +108,8 @@ def start_gateway(verifier_port: int) -> subprocess.Popen:
         [sys.executable, *os.environ.get("GATEWAY_PYTHON_ARGS", "").split(), "-m", "specd_cli", "gateway",
          "--verifier-addr", f"127.0.0.1:{verifier_port}",
          "--host", "127.0.0.1", "--port", str(grpc_port), "--http-port", str(http_port),
-         "--metrics-port", str(metrics_port), "--gateway-processes", os.environ.get("GATEWAY_PROCESSES", "1")],
+         "--metrics-port", str(metrics_port), "--gateway-processes", os.environ.get("GATEWAY_PROCESSES", "1"),
+         "--verifier-transport", os.environ.get("TRANSPORT", "socket")],
         stderr=subprocess.DEVNULL)
     wait_healthy()
     return gateway

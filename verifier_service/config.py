@@ -20,6 +20,7 @@ class VerifierConfig:
     drafter_tls: TlsConfig | None = None
     in_process_drafter: DrafterConfig | None = None  # the drafter's rule in the engine process instead of a service
     max_waiting_requests: int = 256  # beyond this, Generate answers RESOURCE_EXHAUSTED
+    serve_port: int = 0  # the Serve socket's (serve_socket.py); 0: a free port, which the load reports name
     server: ServerConfig = field(
         default_factory=lambda: ServerConfig(port=VERIFIER_PORTS[0], metrics_port=VERIFIER_PORTS[1]))
 
@@ -59,7 +60,7 @@ def verifier_config_from_options(options: ServiceOptions) -> VerifierConfig:
     in_process = options.drafter_addr.lower() == IN_PROCESS_DRAFTER
     drafter_addr = None if in_process or options.drafter_addr.lower() in ("", "none") else options.drafter_addr
     return VerifierConfig(engine=engine, drafter_addr=drafter_addr, drafter_tls=drafter_tls, server=server,
-                          max_waiting_requests=options.max_waiting_requests,
+                          max_waiting_requests=options.max_waiting_requests, serve_port=options.serve_port,
                           in_process_drafter=drafter_config_from_options(options) if in_process else None)
 
 

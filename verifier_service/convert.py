@@ -134,10 +134,12 @@ def usage_to_proto(usage: RequestUsage) -> common_pb2.Usage:
                             steps=usage.steps, num_speculative_tokens=usage.num_speculative_tokens)
 
 
-def load_to_proto(load: EngineLoad, num_pending: int, limits: ModelLimits) -> verifier_pb2.LoadReport:
+def load_to_proto(load: EngineLoad, num_pending: int, limits: ModelLimits,
+                  serve_port: int = 0) -> verifier_pb2.LoadReport:
     """The routing report; requests not yet seen by the engine count as waiting."""
     return verifier_pb2.LoadReport(
         num_running=load.num_running, num_waiting=load.num_waiting + num_pending,
         kv_cache_usage=load.kv_cache_usage, num_used_blocks=load.num_used_blocks,
         num_total_blocks=load.num_total_blocks, model=limits.name, max_model_len=limits.max_model_len,
+        serve_port=serve_port,
     )

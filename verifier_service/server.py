@@ -25,6 +25,7 @@ from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engine_process import EngineClient
 from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
+from verifier_service.serve_socket import start_serve_socket
 from verifier_service.service import VerifierServicer
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
                         register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
                         on_drain=servicer.drain)
     await server.start()
+    try:
+        serve_socket = await start_serve_socket(servicer, config.server.host, config.serve_port, config.server.tls)
+    except BaseException:
+        await server.stop(grace=0)
+        raise
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
     started = time.monotonic()
     engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave)
@@ -64,11 +70,13 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
             logger.info("stop requested while loading the model: exiting")
             loading.cancel()  # the load's end (the killed engine process's error) is nobody's news now
             engine.kill()
+            serve_socket.close()
             await server.stop(grace=0)
             return
         limits = loading.result()
     except BaseException:  # e.g. a model that cannot be split: close the port before the error ends the process
         engine.kill()
+        serve_socket.close()
         await server.stop(grace=0)
         raise
     finally:
@@ -76,11 +84,13 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     engine.start()
     servicer.attach(engine, limits)
     await server.mark_ready()
-    logger.info("verifier ready on port %d (model loaded and warmed up in %.1f s)", server.port,
-                time.monotonic() - started)
+    logger.info("verifier ready on port %d, Serve socket on %d (model loaded and warmed up in %.1f s)", server.port,
+                servicer.serve_port, time.monotonic() - started)
     try:
         await server.serve_until(stop_requested)
     finally:
+        serve_socket.close()  # no new connections; the drain has told the streams on it to end
+        await servicer.streams_ended(config.server.grace_seconds)
         engine.stop()
 
 

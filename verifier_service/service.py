@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -32,6 +32,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._max_waiting_requests = max_waiting_requests
         self._draining = asyncio.Event()
         self._streams: set[ServeStream] = set()
+        self.serve_port = 0  # the Serve socket's port, reported with the load (0: none)
 
     def attach(self, engine_loop: EngineLoop, limits: ModelLimits) -> None:
         self._engine_loop = engine_loop
@@ -70,10 +71,17 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Serve(self, request_iterator, context: grpc.aio.ServicerContext):
         if self._engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
+        async for response in self.serve(request_iterator):
+            yield response
+
+    async def serve(self, messages: AsyncIterator[verifier_pb2.ServeRequest]) -> AsyncIterator[
+            verifier_pb2.ServeResponse]:
+        """One Serve stream, whatever carries it (gRPC Serve, or the Serve socket: serve_socket.py); only once
+        attached. Closing it early aborts the requests it still runs."""
         stream = ServeStream(self._engine_loop, self._limits, self._max_waiting_requests, self._draining,
                              self._first_token)
         self._streams.add(stream)
-        reader = asyncio.ensure_future(stream.read(request_iterator))
+        reader = asyncio.ensure_future(stream.read(messages))
         try:
             async for response in stream.responses():
                 yield response
@@ -82,13 +90,24 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             stream.close()
             self._streams.discard(stream)
 
+    @property
+    def attached(self) -> bool:
+        return self._engine_loop is not None
+
     def drain(self) -> None:
         """The server stops taking calls: streams refuse new starts and end once their requests have."""
         self._draining.set()
         for stream in self._streams:
             stream.wake()
 
+    async def streams_ended(self, timeout: float) -> None:
+        """Waits up to `timeout` seconds for every Serve stream to end (after `drain`: gRPC's own stop waits only
+        for its calls, not for the Serve socket's streams)."""
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
     async def GetLoad(self, request: verifier_pb2.GetLoadRequest, context: grpc.aio.ServicerContext):
         if self._engine_loop is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "verifier is loading its model")
-        return load_to_proto(*self._engine_loop.queue_state(), self._limits)
+        return load_to_proto(*self._engine_loop.queue_state(), self._limits, self.serve_port)

@@ -119,7 +119,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "num_used_blocks", "num_total_blocks", "model", "max_model_len")
+    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "num_used_blocks", "num_total_blocks", "model", "max_model_len", "serve_port")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class LoadReport(_message.Message):
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    SERVE_PORT_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_cache_usage: float
@@ -134,4 +135,5 @@ class LoadReport(_message.Message):
     num_total_blocks: int
     model: str
     max_model_len: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    serve_port: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., serve_port: _Optional[int] = ...) -> None: ...

@@ -1,5 +1,6 @@
-"""Verifier.Serve over a real gRPC server on loopback: many requests on one stream, a step's news in one message,
-refusals answered on the stream with the status Generate would give, aborts, deadlines, the stream's end and drain."""
+"""Verifier.Serve over a real gRPC server on loopback, and the same stream over the verifier's Serve socket: many
+requests on one stream, a step's news in one message, refusals answered on the stream with the status Generate would
+give, aborts, deadlines, the stream's end and drain."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from gateway.serve_socket import SocketCall
 from support.fake_runner import FakePagedRunner, greedy_reference
 from specd.serving import GrpcServer, ServerConfig, open_channel
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -15,6 +17,7 @@ from verifier_service.convert import ModelLimits
 from verifier_service.engine.config import EngineConfig
 from verifier_service.engine.engine import Engine
 from verifier_service.engine_loop import EngineLoop
+from verifier_service.serve_socket import start_serve_socket
 from verifier_service.service import VerifierServicer
 
 VOCAB = 32
@@ -22,8 +25,29 @@ MAX_WAITING = 4
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
+class SocketServe:
+    """The gateway's Serve socket call (gateway/serve_socket.py) with the grpc.aio call's `read` and `code`."""
+
+    def __init__(self, port: int) -> None:
+        self.call = SocketCall("127.0.0.1", port, None)
+        self.write, self.cancel, self._responses = self.call.write, self.call.cancel, aiter(self.call)
+
+    async def read(self):
+        return await anext(self._responses, grpc.aio.EOF)
+
+    async def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.OK  # a Serve socket that closes cleanly has ended its stream as gRPC's OK does
+
+
 class Verifier:
-    """A real servicer and engine loop (fake model) behind a real server."""
+    """A real servicer and engine loop (fake model) behind a real server and a real Serve socket."""
+
+    def __init__(self, transport: str) -> None:
+        self.transport = transport
+
+    def serve(self):
+        """A Serve call over this fixture's transport."""
+        return self.stub.Serve() if self.transport == "grpc" else SocketServe(self.servicer.serve_port)
 
     async def start(self) -> "Verifier":
         runner = FakePagedRunner(num_blocks=400, block_size=4, vocab_size=VOCAB, max_model_len=1024)
@@ -34,6 +58,7 @@ class Verifier:
                                  service_names=["specd.v1.Verifier"], on_drain=self.servicer.drain,
                                  register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(self.servicer, s))
         await self.server.start()
+        self.serve_socket = await start_serve_socket(self.servicer, "127.0.0.1", 0, None)
         self.loop.start()
         self.servicer.attach(self.loop, ModelLimits("fake", 1024, VOCAB))
         await self.server.mark_ready()
@@ -42,14 +67,15 @@ class Verifier:
         return self
 
     async def stop(self) -> None:
+        self.serve_socket.close()
         await self.channel.close()
         await self.server.stop(0)
         self.loop.stop()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def verifier():
-    verifier = await Verifier().start()
+@pytest_asyncio.fixture(loop_scope="session", params=["grpc", "socket"])
+async def verifier(request):
+    verifier = await Verifier(request.param).start()
     yield verifier
     await verifier.stop()
 
@@ -85,7 +111,7 @@ def finished_ids(messages) -> set[str]:
 
 
 async def test_requests_of_one_stream_share_each_steps_message(verifier):
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("a", (1, 2, 3)), start("b", (4, 5))]))
     tokens, errors, messages = await collect(call, {"a", "b"})
     assert not errors
@@ -101,7 +127,7 @@ async def test_each_request_reports_its_time_to_first_token_once(verifier):
     """Serve's requests and a Generate call: one observation each, when its first tokens leave; none for a
     refused start."""
     before = len(verifier.first_tokens)
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("t1"), start("t2", (4, 5)), start("t3", (1, VOCAB + 5))]))
     await collect(call, {"t1", "t2", "t3"})
     call.cancel()
@@ -115,7 +141,7 @@ async def test_a_request_whose_first_update_is_its_last_reports_its_first_token_
     """A one-token request (or any that finishes before the stream sends its first message) is forgotten by the stream
     as its last update goes out: its first-token time and its seed must go out first."""
     before = len(verifier.first_tokens)
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("one", max_tokens=1, temperature=1.0)]))
     _, _, messages = await collect(call, {"one"})
     call.cancel()
@@ -125,7 +151,7 @@ async def test_a_request_whose_first_update_is_its_last_reports_its_first_token_
 
 
 async def test_a_bad_start_is_refused_by_name_and_the_others_run(verifier):
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("bad", (1, VOCAB + 5)), start("good")]))
     tokens, errors, _ = await collect(call, {"bad", "good"})
     assert errors == {"bad": (grpc.StatusCode.INVALID_ARGUMENT.value[0], errors["bad"][1])}
@@ -136,7 +162,7 @@ async def test_a_bad_start_is_refused_by_name_and_the_others_run(verifier):
 
 async def test_a_full_queue_is_resource_exhausted_and_a_live_id_already_exists(verifier):
     """Two requests run (max_num_seqs 2); MAX_WAITING more may wait; beyond that, starts are refused."""
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     running = [start(f"run{i}", max_tokens=1000) for i in range(2)]
     waiting = [start(f"wait{i}", max_tokens=1000) for i in range(MAX_WAITING + 2)]
     await call.write(verifier_pb2.ServeRequest(starts=running))
@@ -152,7 +178,7 @@ async def test_a_full_queue_is_resource_exhausted_and_a_live_id_already_exists(v
 
 
 async def test_an_abort_and_the_streams_end_free_the_engine(verifier):
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("x", max_tokens=500), start("y", max_tokens=500)]))
     await call.read()
     await call.write(verifier_pb2.ServeRequest(abort_request_ids=["x"]))
@@ -162,7 +188,7 @@ async def test_an_abort_and_the_streams_end_free_the_engine(verifier):
 
 
 async def test_a_request_past_its_timeout_is_aborted_and_answered_deadline_exceeded(verifier):
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("slow", max_tokens=1000, timeout=0.2)]))
     _, errors, _ = await collect(call, {"slow"})
     assert errors["slow"][0] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
@@ -171,7 +197,7 @@ async def test_a_request_past_its_timeout_is_aborted_and_answered_deadline_excee
 
 
 async def test_a_draining_verifier_refuses_new_starts_and_ends_the_stream_when_its_requests_have(verifier):
-    call = verifier.stub.Serve()
+    call = verifier.serve()
     await call.write(verifier_pb2.ServeRequest(starts=[start("running", max_tokens=40)]))
     await call.read()
     verifier.servicer.drain()
