@@ -219,12 +219,21 @@ def test_default_model_is_prepared_by_an_init_container(rendered):
 def test_only_the_gateway_accepts_traffic_from_outside_the_release(rendered):
     policies = {p["metadata"]["name"]: p for p in find(objects(rendered["default"]), "NetworkPolicy")}
     assert "from" not in policies["specd-gateway"]["spec"]["ingress"][0]
-    for name, peer in [("specd-verifier", "gateway"), ("specd-drafter", "verifier")]:
+    for name, peer, ports in [("specd-verifier", "gateway", ["grpc", "serve"]), ("specd-drafter", "verifier", ["grpc"])]:
         grpc_rule = policies[name]["spec"]["ingress"][0]
-        assert grpc_rule["ports"] == [{"port": "grpc"}]
+        assert grpc_rule["ports"] == [{"port": port} for port in ports]
         (source,) = grpc_rule["from"]
         assert source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == peer
         assert source["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "specd"
+
+
+def test_the_verifiers_serve_socket_listens_on_the_port_the_policy_and_the_headless_service_name(rendered):
+    (verifier,) = find(objects(rendered["default"]), "StatefulSet")
+    container = verifier["spec"]["template"]["spec"]["containers"][0]
+    serve_port = {p["name"]: p["containerPort"] for p in container["ports"]}["serve"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["SPECD_SERVE_PORT"] == str(serve_port)
+    headless = [s for s in find(objects(rendered["default"]), "Service") if s["spec"].get("clusterIP") == "None"]
+    assert {"name": "serve", "port": serve_port, "targetPort": "serve"} in headless[0]["spec"]["ports"]
 
 
 @pytest.mark.parametrize("bad_value, field", [

@@ -11,7 +11,9 @@ import pytest_asyncio
 
 from gateway.serve_socket import SocketCall
 from support.fake_runner import FakePagedRunner, greedy_reference
-from specd.serving import GrpcServer, ServerConfig, open_channel
+from specd.serve_socket import client_ssl
+from specd.serving import GrpcServer, ServerConfig, TlsConfig, open_channel
+from support.tls_certs import TestCertificateAuthority
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.convert import ModelLimits
 from verifier_service.engine.config import EngineConfig
@@ -29,8 +31,17 @@ class SocketServe:
     """The gateway's Serve socket call (gateway/serve_socket.py) with the grpc.aio call's `read` and `code`."""
 
     def __init__(self, port: int) -> None:
-        self.call = SocketCall("127.0.0.1", port, None)
-        self.write, self.cancel, self._responses = self.call.write, self.call.cancel, aiter(self.call)
+        self._use(SocketCall("127.0.0.1", port, None))
+
+    @classmethod
+    def of(cls, call: SocketCall) -> "SocketServe":
+        serve = cls.__new__(cls)
+        serve._use(call)
+        return serve
+
+    def _use(self, call: SocketCall) -> None:
+        self.call = call
+        self.write, self.cancel, self._responses = call.write, call.cancel, aiter(call)
 
     async def read(self):
         return await anext(self._responses, grpc.aio.EOF)
@@ -214,3 +225,57 @@ async def wait_for(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+# The Serve socket's own cases (each on a verifier of its own: the fixture's has drained): TLS as the gRPC port's, a
+# verifier still loading, a peer that is not a gateway.
+
+async def test_the_serve_socket_over_mutual_tls_serves_a_gateway_with_a_certificate_and_refuses_one_without(
+        tmp_path):
+    authority = TestCertificateAuthority(tmp_path)
+    server, client = authority.issue("server", server=True), authority.issue("gateway", server=False, client=True)
+    verifier = await Verifier("socket").start()
+    tls_socket = await start_serve_socket(verifier.servicer, "127.0.0.1", 0,
+                                          TlsConfig(server.cert_path, server.key_path, authority.ca_path))
+    port = verifier.servicer.serve_port
+    try:
+        call = SocketCall("localhost", port, client_ssl(TlsConfig(client.cert_path, client.key_path,
+                                                                  authority.ca_path)))
+        await call.write(verifier_pb2.ServeRequest(starts=[start("tls", max_tokens=3)]))
+        tokens, errors, _ = await collect(SocketServe.of(call), {"tls"})
+        assert not errors and len(tokens["tls"]) == 3
+        call.cancel()
+        anonymous = SocketServe.of(SocketCall("localhost", port, client_ssl(TlsConfig(ca_path=authority.ca_path))))
+        with pytest.raises((OSError, asyncio.IncompleteReadError)):  # the handshake fails or the server hangs up
+            await anonymous.write(verifier_pb2.ServeRequest(starts=[start("anonymous")]))
+            await asyncio.wait_for(anonymous.read(), 10)
+    finally:
+        tls_socket.close()
+        await verifier.stop()
+
+
+async def test_a_serve_socket_connection_before_the_model_is_loaded_is_closed_at_once():
+    servicer = VerifierServicer(max_waiting_requests=MAX_WAITING)
+    serve_socket = await start_serve_socket(servicer, "127.0.0.1", 0, None)
+    try:
+        call = SocketServe(servicer.serve_port)
+        await call.write(verifier_pb2.ServeRequest(starts=[start("early")]))
+        assert await asyncio.wait_for(call.read(), 10) is grpc.aio.EOF  # the gateway fails it UNAVAILABLE
+    finally:
+        serve_socket.close()
+
+
+async def test_a_serve_socket_peer_sending_garbage_is_cut_off_and_its_requests_aborted():
+    verifier = await Verifier("socket").start()
+    try:
+        call = verifier.serve()
+        await call.write(verifier_pb2.ServeRequest(starts=[start("doomed", max_tokens=500)]))
+        assert (await asyncio.wait_for(call.read(), 10)).request_ids == ["doomed"]  # it runs
+        _, writer = await call.call._connected
+        writer.write(b"\xff\xff\xff\xff" + b"x" * 16)  # a 4 GiB frame: over the limit
+        while (message := await asyncio.wait_for(call.read(), 10)) is not grpc.aio.EOF:
+            assert not message.errors
+        await wait_for(lambda: verifier.loop.load.num_running + verifier.loop.load.num_waiting == 0)
+        assert verifier.loop.load.num_used_blocks == 0
+    finally:
+        await verifier.stop()
