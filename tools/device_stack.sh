@@ -17,6 +17,8 @@
 #           shapes with its real tokenizer, 64 and 256 clients, k = 0, stack only (needs no GGUF: one call)
 # gwprocs : this tree with --gateway-processes each of GW_PROCS (2 4): random weights as abgw's, 64 and 256 clients,
 #           k = 0, stack only (each run's gateway CPU a token at that process count)
+# transport: this tree with --verifier-transport each of TRANSPORTS (socket grpc): random weights as abgw's, 64 and
+#           256 clients, k = 0, stack only (the gateways' and the verifier's CPU a token over each)
 # policy  : the real weights, --draft-policy goodput at 1 / 16 / 64 clients (k = 0, 4), then batch-size at 16 / 64 (k = 4)
 # spec    : the real weights, 1 and 16 clients (SPEC_CLIENTS), speculation off and on (SPEC_KS): this tree (with its
 #           engine alone; SPEC_ARGS: more of its arguments, e.g. --hf 4), then .device/old (stack only)
@@ -207,6 +209,11 @@ for part in "$@"; do
       for procs in ${GW_PROCS:-2 4}; do
         TAIL=4 LIMIT=${AB_LIMIT_NEW:-140} stack . "gw$procs" --model /tmp/models/smollm2-135m --clients 64 256 \
           --ks 0 --num-requests "${SPEC_REQUESTS:-512}" --no-engine -- --gateway-processes "$procs"
+      done ;;
+    transport) random_model  # the gateways' request streams over the Serve socket against gRPC Serve (issue #34)
+      for transport in ${TRANSPORTS:-socket grpc}; do
+        TAIL=4 LIMIT=${AB_LIMIT_NEW:-140} stack . "tr_$transport" --model /tmp/models/smollm2-135m --clients 64 256 \
+          --ks 0 --num-requests "${SPEC_REQUESTS:-512}" --no-engine -- --verifier-transport "$transport"
       done ;;
     sched)  # why the stack's engine thread is slower than its engine alone at 64 clients: every python thread's CPU
       default_model || continue  # time, run-queue wait and switches (tools/thread_sched.py), default torch threads,
