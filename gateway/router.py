@@ -23,6 +23,7 @@ from gateway import convert
 from gateway.request import GenerationRequest, ReplicaLoad, VerifierChunk
 from gateway.resume import StreamProgress
 from gateway.verifier_stream import UpstreamError, VerifierStream
+from specd.serve_socket import client_ssl
 from specd.serving import TlsConfig, open_channel
 from specd.v1 import verifier_pb2_grpc
 
@@ -45,9 +46,14 @@ class Replica:
         self.channel = open_channel(address, tls)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
-        # The Serve socket the last load report named (transport "socket"), else gRPC Serve.
-        serve_socket = (lambda: self.load.serve_port) if transport == "socket" else (lambda: 0)
-        self.stream = VerifierStream(self.stub, address, stream_interval, serve_socket, tls)
+        self.host = address.rsplit(":", 1)[0].strip("[]")
+        self.transport, self.ssl = transport, client_ssl(tls)
+        # The Serve socket the streams go to (0: gRPC Serve): the one the load report names once a connection to it
+        # has succeeded. A socket it cannot reach (a load balancer or a network policy in between that lets only the
+        # gRPC port through) leaves the replica on gRPC Serve, tried again when the report names another port.
+        self.serve_port = 0
+        self._probed_port = 0
+        self.stream = VerifierStream(self.stub, address, stream_interval, lambda: self.serve_port, self.ssl)
         self.healthy = False
         self.load = ReplicaLoad()
         self.in_flight = 0
@@ -74,7 +80,22 @@ class Replica:
             return
         self.load = convert.load_from_pb(report)
         self.in_flight_at_report = self.in_flight
+        if self.transport == "socket" and self.load.serve_port != self._probed_port:
+            await self._probe_serve_socket(self.load.serve_port, timeout)
         self._set_healthy(health.status == health_pb2.HealthCheckResponse.SERVING, "NOT_SERVING")
+
+    async def _probe_serve_socket(self, port: int, timeout: float) -> None:
+        self._probed_port, self.serve_port = port, 0
+        if not port:
+            return
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, port, ssl=self.ssl), timeout)
+        except (OSError, asyncio.TimeoutError) as error:
+            logger.warning("verifier %s: its Serve socket (port %d) is unreachable (%s); streaming over gRPC Serve",
+                           self.address, port, error or type(error).__name__)
+            return
+        writer.close()
+        self.serve_port = port
 
     def _set_healthy(self, healthy: bool, reason: str) -> None:
         if healthy != self.healthy:

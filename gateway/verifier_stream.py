@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import grpc
 
 from gateway.request import TokenLogprobs, Usage, VerifierChunk
 from gateway.serve_socket import SocketCall
-from specd.serve_socket import client_ssl
-from specd.serving import TlsConfig
 from specd.v1 import verifier_pb2
 
 logger = logging.getLogger(__name__)
@@ -72,10 +71,11 @@ class Updates:
 
 class VerifierStream:
     def __init__(self, stub, address: str, stream_interval: int = 1, serve_socket=lambda: 0,
-                 tls: TlsConfig | None = None) -> None:
-        """serve_socket: the replica's Serve socket port when a stream opens (0: none, gRPC Serve then)."""
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """serve_socket: the replica's Serve socket port when a stream opens (0: none, gRPC Serve then), dialled
+        with ssl_context (None: plain TCP)."""
         self._stub, self.address, self._stream_interval = stub, address, stream_interval
-        self._serve_socket, self._ssl, self._tls = serve_socket, None, tls
+        self._serve_socket, self._ssl = serve_socket, ssl_context
         self._call = None
         self._live: dict[str, Updates] = {}  # request id -> its updates
         self._starts: list[verifier_pb2.ServeStart] = []
@@ -107,8 +107,6 @@ class VerifierStream:
     def _open(self) -> None:
         port = self._serve_socket()
         if port:
-            if self._tls is not None and self._ssl is None:
-                self._ssl = client_ssl(self._tls)
             self._call = SocketCall(self.address.rsplit(":", 1)[0].strip("[]"), port, self._ssl)
         else:
             self._call = self._stub.Serve()

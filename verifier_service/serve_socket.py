@@ -17,18 +17,35 @@ from verifier_service.service import VerifierServicer
 logger = logging.getLogger(__name__)
 
 
-async def start_serve_socket(servicer: VerifierServicer, host: str, port: int,
-                             tls: TlsConfig | None) -> asyncio.Server:
+class ServeSocket:
+    """The listening socket and its connections; `close()` ends both (a verifier going away: the gateways see their
+    streams break, as when its process ends, and resume the requests elsewhere)."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.connections: set[asyncio.StreamWriter] = set()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for writer in self.connections:
+            writer.transport.abort()
+
+
+async def start_serve_socket(servicer: VerifierServicer, host: str, port: int, tls: TlsConfig | None) -> ServeSocket:
     """Listens on host:port (0: a free port), recorded as `servicer.serve_port` for the load reports; PortInUse
     naming --serve-port when it is taken."""
-    server = await asyncio.start_server(lambda reader, writer: _serve_connection(servicer, reader, writer),
-                                        sock=bound_socket(host, port, "serve-port"), ssl=server_ssl(tls))
-    servicer.serve_port = server.sockets[0].getsockname()[1]
-    return server
+    serve_socket = ServeSocket()
+    serve_socket.server = await asyncio.start_server(
+        lambda reader, writer: _serve_connection(servicer, reader, writer, serve_socket.connections),
+        sock=bound_socket(host, port, "serve-port"), ssl=server_ssl(tls))
+    servicer.serve_port = serve_socket.server.sockets[0].getsockname()[1]
+    return serve_socket
 
 
-async def _serve_connection(servicer: VerifierServicer, reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter) -> None:
+async def _serve_connection(servicer: VerifierServicer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            connections: set[asyncio.StreamWriter]) -> None:
+    connections.add(writer)
     try:
         if not servicer.attached:
             return
@@ -43,6 +60,7 @@ async def _serve_connection(servicer: VerifierServicer, reader: asyncio.StreamRe
     except ConnectionError as error:
         logger.info("Serve socket connection ended: %s", error)
     finally:
+        connections.discard(writer)
         writer.close()
 
 

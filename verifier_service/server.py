@@ -89,8 +89,8 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     try:
         await server.serve_until(stop_requested)
     finally:
-        serve_socket.close()  # no new connections; the drain has told the streams on it to end
-        await servicer.streams_ended(config.server.grace_seconds)
+        await servicer.streams_ended(config.server.grace_seconds)  # the drain has told the socket's streams to end
+        serve_socket.close()
         engine.stop()
 
 

@@ -14,15 +14,22 @@ import asyncio
 import grpc
 
 from specd.serving import GrpcServer, ServerConfig
+from verifier_service.serve_socket import start_serve_socket
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 
 class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
     """Streams `tokens` (truncated to max_tokens) `tokens_per_step` at a time, then finishes."""
 
+    attached = True  # as verifier_service/serve_socket.py reads a servicer
+
     def __init__(self, tokens: list[int], tokens_per_step: int = 2, model: str = "scripted",
-                 max_model_len: int = 2048) -> None:
+                 max_model_len: int = 2048, serve_socket: bool = False) -> None:
+        """serve_socket: also serve a Serve socket (verifier_service/serve_socket.py), named in the load report."""
         self.tokens = tokens
+        self.with_serve_socket = serve_socket
+        self.serve_port = 0  # reported in GetLoad: the Serve socket's, or a test's
+        self.serve_socket = None
         self.tokens_per_step = tokens_per_step
         self.model = model
         self.max_model_len = max_model_len
@@ -46,11 +53,19 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
                                  service_names=["specd.v1.Verifier"],
                                  register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(self, s))
         await self.server.start()
+        if self.with_serve_socket:
+            self.serve_socket = await start_serve_socket(self, "127.0.0.1", 0, None)
         await self.server.mark_ready()
         return self
 
     async def stop(self) -> None:
+        if self.serve_socket is not None:
+            self.serve_socket.close()
         await self.server.stop(0)
+
+    def serve(self, messages):
+        """The Serve socket's streams run as gRPC Serve's."""
+        return self.Serve(messages, None)
 
     async def Generate(self, request, context):
         self.requests.append(request)
@@ -137,7 +152,7 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
     async def GetLoad(self, request, context):
         return verifier_pb2.LoadReport(num_running=self.live + self.reported_running, num_waiting=0,
                                        kv_cache_usage=0.0, model=self.model,
-                                       max_model_len=self.max_model_len)
+                                       max_model_len=self.max_model_len, serve_port=self.serve_port)
 
 
 def _columns(items) -> verifier_pb2.ServeResponse:
