@@ -17,6 +17,7 @@ import grpc
 
 from gateway.request import TokenLogprobs, Usage, VerifierChunk
 from gateway.serve_socket import SocketCall
+from specd.serve_socket import host_of
 from specd.v1 import verifier_pb2
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class VerifierStream:
     def _open(self) -> None:
         port = self._serve_socket()
         if port:
-            self._call = SocketCall(self.address.rsplit(":", 1)[0].strip("[]"), port, self._ssl)
+            self._call = SocketCall(host_of(self.address), port, self._ssl)
         else:
             self._call = self._stub.Serve()
         self._tasks = [asyncio.create_task(self._write(self._call)), asyncio.create_task(self._read(self._call))]

@@ -25,6 +25,11 @@ class FrameError(ConnectionError):
     """The peer sent something that is not a frame of this protocol."""
 
 
+def host_of(address: str) -> str:
+    """The host of a "HOST:PORT" address (an IPv6 one without its brackets): where its Serve socket is dialled."""
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
 def frame(message) -> bytes:
     body = message.SerializeToString()
     return _LENGTH.pack(len(body)) + body

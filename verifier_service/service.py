@@ -33,6 +33,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._draining = asyncio.Event()
         self._streams: set[ServeStream] = set()
         self.serve_port = 0  # the Serve socket's port, reported with the load (0: none)
+        self._drain_started: float | None = None
 
     def attach(self, engine_loop: EngineLoop, limits: ModelLimits) -> None:
         self._engine_loop = engine_loop
@@ -96,14 +97,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     def drain(self) -> None:
         """The server stops taking calls: streams refuse new starts and end once their requests have."""
+        if not self._draining.is_set():
+            self._drain_started = time.monotonic()
         self._draining.set()
         for stream in self._streams:
             stream.wake()
 
-    async def streams_ended(self, timeout: float) -> None:
-        """Waits up to `timeout` seconds for every Serve stream to end (after `drain`: gRPC's own stop waits only
-        for its calls, not for the Serve socket's streams)."""
-        deadline = time.monotonic() + timeout
+    async def streams_ended(self, grace_seconds: float) -> None:
+        """Waits for every Serve stream to end, until `grace_seconds` after the drain began (gRPC's own stop waits
+        only for its calls, not for the Serve socket's streams, which drain beside them)."""
+        deadline = (self._drain_started or time.monotonic()) + grace_seconds
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
