@@ -48,6 +48,8 @@
 # gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
 # envs_stack: the real weights through the stack once under each VAR=value of ENVS, 1 and 16 clients (ENVS_CLIENTS),
 #           k = 0 and 4, memory off, stack only
+# maxrows : `timeline` at 1 and 16 requests with SPECD_FEW_ROW_GEMMS_MAX_ROWS=each of MAXROWS (128 64) in one call:
+#           whether a 16-request verify step's 80-row GEMMs pay on the Triton GEMM (round 43's lead)
 # splitk  : `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0)
 # fewrows_stack: the real weights through the stack, 1 and 16 clients, k = 0 and 4, memory off, with
 #           SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton) then FEWROWS_BASE (cublas), stack only
@@ -125,10 +127,11 @@ timelines_under() {  # timelines_under NAME VAR VALUE...: bench.step_timeline (r
   local name=$1 var=$2 value; shift 2
   random_model
   for value in "$@"; do
-    # shellcheck disable=SC2086  # FEWROWS_ARGS: more bench.step_timeline arguments
+    # shellcheck disable=SC2086  # TIMELINE_ARGS: more bench.step_timeline arguments; FEWROWS_ARGS: verifier options
     env "$var=$value" timeout "${FEWROWS_LIMIT:-200}" python3 -m bench.step_timeline --model /tmp/models/smollm2-135m \
-      --device cuda --steps 300 --out "$OUT/${name}_$value.json" -- ${FEWROWS_ARGS:-} > "$OUT/${name}_$value.log" 2>&1
-    echo "== $var=$value (exit $?)"; grep -v Warning "$OUT/${name}_$value.log" | tail -n 5
+      --device cuda --steps 300 --out "$OUT/${name}_$value.json" ${TIMELINE_ARGS:-} -- ${FEWROWS_ARGS:-} \
+      > "$OUT/${name}_$value.log" 2>&1
+    echo "== $var=$value (exit $?)"; grep -v Warning "$OUT/${name}_$value.log" | tail -n 7
   done
 }
 
@@ -273,6 +276,9 @@ for part in "$@"; do
     fewrows)  # `timeline` with SPECD_FEW_ROW_GEMMS=each of FEWROWS (triton), then FEWROWS_BASE (cublas), random weights
       # shellcheck disable=SC2086
       timelines_under fewrows SPECD_FEW_ROW_GEMMS ${FEWROWS:-triton} ${FEWROWS_BASE-cublas} ;;
+    maxrows)  # the Triton GEMM's row limit, one engine build each, at 1 and 16 requests (random weights)
+      # shellcheck disable=SC2086
+      TIMELINE_ARGS="--batch 1 16" timelines_under maxrows SPECD_FEW_ROW_GEMMS_MAX_ROWS ${MAXROWS:-128 64} ;;
     gemmrows)  # bench.few_rows_gemm: a step's projections by row count, cuBLAS against the Triton GEMM (random weights)
       random_model
       timeout 200 python3 -m bench.few_rows_gemm --model /tmp/models/smollm2-135m ${GEMMROWS_ARGS:-} > "$OUT/gemmrows.log" 2>&1
