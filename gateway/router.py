@@ -23,7 +23,7 @@ from gateway import convert
 from gateway.request import GenerationRequest, ReplicaLoad, VerifierChunk
 from gateway.resume import StreamProgress
 from gateway.verifier_stream import UpstreamError, VerifierStream
-from specd.serve_socket import client_ssl, host_of
+from specd.serve_socket import client_ssl
 from specd.serving import TlsConfig, open_channel
 from specd.v1 import verifier_pb2_grpc
 
@@ -46,7 +46,6 @@ class Replica:
         self.channel = open_channel(address, tls)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
-        self.host = host_of(address)
         self.transport, self.ssl = transport, client_ssl(tls)
         # The Serve socket the streams go to (0: gRPC Serve): the one the load report names once a connection to it
         # has succeeded. A socket it cannot reach (a load balancer or a network policy in between that lets only the
@@ -89,7 +88,7 @@ class Replica:
         if not port:
             return
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, port, ssl=self.ssl), timeout)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(self.stream.host, port, ssl=self.ssl), timeout)
         except (OSError, asyncio.TimeoutError) as error:
             logger.warning("verifier %s: its Serve socket (port %d) is unreachable (%s); streaming over gRPC Serve",
                            self.address, port, error or type(error).__name__)

@@ -76,6 +76,7 @@ class VerifierStream:
         """serve_socket: the replica's Serve socket port when a stream opens (0: none, gRPC Serve then), dialled
         with ssl_context (None: plain TCP)."""
         self._stub, self.address, self._stream_interval = stub, address, stream_interval
+        self.host = host_of(address)  # where a Serve socket is dialled
         self._serve_socket, self._ssl = serve_socket, ssl_context
         self._call = None
         self._live: dict[str, Updates] = {}  # request id -> its updates
@@ -108,7 +109,7 @@ class VerifierStream:
     def _open(self) -> None:
         port = self._serve_socket()
         if port:
-            self._call = SocketCall(host_of(self.address), port, self._ssl)
+            self._call = SocketCall(self.host, port, self._ssl)
         else:
             self._call = self._stub.Serve()
         self._tasks = [asyncio.create_task(self._write(self._call)), asyncio.create_task(self._read(self._call))]

@@ -43,7 +43,7 @@ def stepped_verifier(port_pipe) -> None:
     from specd.serving import GrpcServer, ServerConfig
     from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
     from support.scripted_verifier import _columns
-    from verifier_service.serve_socket import start_serve_socket
+    from verifier_service.serve_socket import ServeSocket
 
     text = AutoTokenizer.from_pretrained(resolve_model_path("default"))(open("README.md").read())["input_ids"]
 
@@ -62,13 +62,10 @@ def stepped_verifier(port_pipe) -> None:
         return items
 
     class Stepped(verifier_pb2_grpc.VerifierServicer):
-        attached, serve_port = True, 0  # as verifier_service/serve_socket.py reads a servicer
+        serve_port = 0  # its Serve socket's, once it listens
 
         async def GetLoad(self, request, context):
             return verifier_pb2.LoadReport(model="default", max_model_len=8192, serve_port=self.serve_port)
-
-        def serve(self, messages):
-            return self.Serve(messages, None)
 
         async def Serve(self, request_iterator, context):
             live: dict[str, list] = {}  # request id -> [request, tokens sent]
@@ -94,7 +91,8 @@ def stepped_verifier(port_pipe) -> None:
                             service_names=["specd.v1.Verifier"],
                             register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(stepped, s))
         await server.start()
-        serve_socket = await start_serve_socket(stepped, "127.0.0.1", 0, None)  # noqa: F841 - serves until exit
+        serve_socket = await ServeSocket(lambda messages: stepped.Serve(messages, None)).start("127.0.0.1", 0, None)
+        stepped.serve_port = serve_socket.port
         await server.mark_ready()
         port_pipe.send(server.port)
         await asyncio.Event().wait()

@@ -25,7 +25,7 @@ from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engine_process import EngineClient
 from verifier_service.metrics import VerifierMetrics, VerifierMetricsExporter
-from verifier_service.serve_socket import start_serve_socket
+from verifier_service.serve_socket import ServeSocket
 from verifier_service.service import VerifierServicer
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
                         on_drain=servicer.drain)
     await server.start()
     try:
-        serve_socket = await start_serve_socket(servicer, config.server.host, config.serve_port, config.server.tls)
+        serve_socket = await ServeSocket(servicer.serve).start(config.server.host, config.serve_port, config.server.tls)
+        servicer.serve_port = serve_socket.port  # named in the load reports
     except BaseException:
         await server.stop(grace=0)
         raise

@@ -77,8 +77,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     async def serve(self, messages: AsyncIterator[verifier_pb2.ServeRequest]) -> AsyncIterator[
             verifier_pb2.ServeResponse]:
-        """One Serve stream, whatever carries it (gRPC Serve, or the Serve socket: serve_socket.py); only once
-        attached. Closing it early aborts the requests it still runs."""
+        """One Serve stream, whatever carries it (gRPC Serve, or the Serve socket: serve_socket.py); none before
+        `attach` (the socket then closes the connection, as gRPC Serve answers UNAVAILABLE). Closing it early aborts
+        the requests it still runs."""
+        if self._engine_loop is None:
+            return
         stream = ServeStream(self._engine_loop, self._limits, self._max_waiting_requests, self._draining,
                              self._first_token)
         self._streams.add(stream)
@@ -90,10 +93,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             reader.cancel()
             stream.close()
             self._streams.discard(stream)
-
-    @property
-    def attached(self) -> bool:
-        return self._engine_loop is not None
 
     def drain(self) -> None:
         """The server stops taking calls: streams refuse new starts and end once their requests have."""

@@ -47,6 +47,13 @@ async def test_a_request_streams_every_step_and_finishes_with_usage(router):
     assert all(not c.finish_reason for c in chunks[:-1])
 
 
+async def test_a_replica_with_a_serve_socket_streams_over_it(router, replicas):
+    if replicas[0].serve_socket is None:
+        pytest.skip("gRPC Serve")
+    await collect(router)
+    assert sum(len(replica.serve_socket.connections) for replica in replicas) == 1  # the stream stays open
+
+
 async def test_requests_go_to_the_least_loaded_replica(router, replicas):
     replicas[0].reported_running = 5
     await router.poll()

@@ -14,14 +14,12 @@ import asyncio
 import grpc
 
 from specd.serving import GrpcServer, ServerConfig
-from verifier_service.serve_socket import start_serve_socket
+from verifier_service.serve_socket import ServeSocket
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 
 class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
     """Streams `tokens` (truncated to max_tokens) `tokens_per_step` at a time, then finishes."""
-
-    attached = True  # as verifier_service/serve_socket.py reads a servicer
 
     def __init__(self, tokens: list[int], tokens_per_step: int = 2, model: str = "scripted",
                  max_model_len: int = 2048, serve_socket: bool = False) -> None:
@@ -54,7 +52,9 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
                                  register=lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(self, s))
         await self.server.start()
         if self.with_serve_socket:
-            self.serve_socket = await start_serve_socket(self, "127.0.0.1", 0, None)
+            self.serve_socket = await ServeSocket(lambda messages: self.Serve(messages, None)).start(
+                "127.0.0.1", 0, None)
+            self.serve_port = self.serve_socket.port
         await self.server.mark_ready()
         return self
 
@@ -62,10 +62,6 @@ class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):
         if self.serve_socket is not None:
             self.serve_socket.close()
         await self.server.stop(0)
-
-    def serve(self, messages):
-        """The Serve socket's streams run as gRPC Serve's."""
-        return self.Serve(messages, None)
 
     async def Generate(self, request, context):
         self.requests.append(request)
