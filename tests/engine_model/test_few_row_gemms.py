@@ -121,9 +121,10 @@ def test_the_default_is_triton_where_pdl_is_on_for_one_gpu(monkeypatch, pdl_on, 
     assert compile_module.few_row_kind(torch.device("cpu"), sharded) == "reductions"
 
 
-@pytest.mark.parametrize("rows, expected", [(128, "specd.few_rows_mm.default"), (129, "aten.mm.default")])
+@pytest.mark.parametrize("rows, expected", [(96, "specd.few_rows_mm.default"), (97, "aten.mm.default")])
 def test_the_row_limit_follows_its_variable(monkeypatch, rows, expected):
-    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_MAX_ROWS", "128")
+    monkeypatch.setenv("SPECD_FEW_ROW_GEMMS_MAX_ROWS", "96")  # not the default (TRITON_ROWS_MAX)
+    assert TRITON_ROWS_MAX != 96
     ops, _, _ = traced(rows, "triton", mode="fake")
     assert expected in ops, ops
     ops, _, _ = traced(REDUCTION_ROWS_MAX + 1, "reductions")  # reductions keep their own limit

@@ -64,14 +64,15 @@ def compile_regions(model: CausalLM, static_token_counts: set[int] | None = None
 # SPECD_FEW_ROW_GEMMS (few_rows_decompositions) replaces them: "triton", one fixed-tile Triton GEMM launched with
 # PDL (kernels/triton_linear.py, an opaque operator in the graph), the default where PDL is on (few_row_kind), for
 # GEMMs of up to TRITON_ROWS_MAX rows in every graph, static or dynamic: alone it is as fast as cuBLAS up to 64 rows
-# and 1.09-1.13x slower at 80-128 (bench/few_rows_gemm.py, H200, round 38), in a step it overlaps its neighbours'
-# launches (the default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms, round 37);
+# and 1.09-1.13x slower at 80-128 (bench/few_rows_gemm.py, H200, round 38), but in a step it overlaps its neighbours'
+# launches (the default model through the stack, batch 1, k = 4: a step 0.72-0.74 against 0.79-0.84 ms, round 37;
+# in the engine's loop, 16 requests at k = 4, 80-row GEMMs: 1.36 against 1.47 ms of device time a step, round 44);
 # "reductions", in static graphs of up to REDUCTION_ROWS_MAX rows, a multiply-and-sum that Inductor turns into a
 # reduction kernel fused with its neighbours, as it does one-row GEMMs (untuned: with coordinate-descent tuning,
 # start-up took over 300 s in its one try).
 _FEW_ROWS = {"max_autotune": False, "coordinate_descent_tuning": True}
 _ONE_ROW = {"max_autotune": True, "coordinate_descent_tuning": True}  # mode="max-autotune-no-cudagraphs"
-TRITON_ROWS_MAX = 64  # the most rows a GEMM computes on the Triton GEMM under "triton"
+TRITON_ROWS_MAX = 128  # the most rows a GEMM computes on the Triton GEMM under "triton"
 REDUCTION_ROWS_MAX = 16  # the most rows a static graph's GEMM computes as a reduction under "reductions"
 
 
