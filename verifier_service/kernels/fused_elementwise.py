@@ -17,6 +17,7 @@ import triton.language as tl
 
 from verifier_service.kernels import pdl
 from verifier_service.kernels.gemm_rows import empty_rows
+from verifier_service.kernels.split_sums import SplitSums, summed
 from verifier_service.kernels.triton_pdl import prologue
 
 
@@ -53,25 +54,37 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit
-def _silu_mul_kernel(GATE_UP, OUT, SIZE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # GATE_UP [tokens, 2 * SIZE] contiguous (gate, then up) -> OUT [tokens, SIZE] = silu(gate) * up.
+@triton.jit(do_not_specialize=["tokens"])
+def _silu_mul_kernel(GATE_UP, BIAS, OUT, tokens, SIZE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # GATE_UP [tokens, 2 * SIZE] contiguous (gate, then up), or with SPLITS a split GEMM's parts [SPLITS, tokens,
+    # 2 * SIZE] and its BIAS (kernels/split_sums.py) -> OUT [tokens, SIZE] = silu(gate) * up.
     prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < SIZE
-    gate = tl.load(GATE_UP + token * 2 * SIZE + cols, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(GATE_UP + token * 2 * SIZE + SIZE + cols, mask=ok, other=0.0).to(tl.float32)
+    if SPLITS:  # gate and up as the GEMM's own adding kernel would have written them
+        gate = summed(GATE_UP, BIAS, token, cols, ok, tokens, 2 * SIZE, SPLITS, HAS_BIAS)
+        up = summed(GATE_UP, BIAS, token, SIZE + cols, ok, tokens, 2 * SIZE, SPLITS, HAS_BIAS)
+        gate = gate.to(OUT.dtype.element_ty).to(tl.float32)
+        up = up.to(OUT.dtype.element_ty).to(tl.float32)
+    else:
+        gate = tl.load(GATE_UP + token * 2 * SIZE + cols, mask=ok, other=0.0).to(tl.float32)
+        up = tl.load(GATE_UP + token * 2 * SIZE + SIZE + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(OUT + token * SIZE + cols, (gate / (1.0 + tl.exp(-gate)) * up).to(OUT.dtype.element_ty), mask=ok)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [tokens, 2 * size] -> silu(gate) * up [tokens, size] in one kernel."""
-    gate_up = gate_up.contiguous()
+def silu_and_mul(gate_up: torch.Tensor | SplitSums) -> torch.Tensor:
+    """gate_up [tokens, 2 * size], or a split GEMM's SplitSums of that shape (added here) -> silu(gate) * up
+    [tokens, size] in one kernel."""
+    splits = gate_up.parts.shape[0] if isinstance(gate_up, SplitSums) else 0
+    data, bias = (gate_up.parts, gate_up.bias) if splits else (gate_up.contiguous(), None)
     tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
-    out = empty_rows((tokens, size), gate_up)  # the down projection's input: room for its last GEMM's rows
+    # the down projection's input: room for its last GEMM's rows
+    out = empty_rows((tokens, size), data, gate_up.dtype)
     if tokens:
-        dependent = pdl.enabled(gate_up.device)
-        _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](gate_up, out, SIZE=size, BLOCK=1024, PDL=dependent,
-                                                            num_warps=4, launch_pdl=dependent)
+        dependent = pdl.enabled(data.device)
+        _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](
+            data, bias if bias is not None else data, out, tokens, SIZE=size, BLOCK=1024, SPLITS=splits,
+            HAS_BIAS=bias is not None, PDL=dependent, num_warps=4, launch_pdl=dependent)
     return out

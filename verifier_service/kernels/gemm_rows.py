@@ -19,10 +19,11 @@ def padded(rows: int) -> int:
     return -(-rows // GEMM_ROWS) * GEMM_ROWS
 
 
-def empty_rows(shape: tuple[int, ...] | torch.Size, like: torch.Tensor) -> torch.Tensor:
-    """torch.empty(shape) on like's device and dtype, as the first shape[0] rows of a buffer of padded(shape[0])."""
+def empty_rows(shape: tuple[int, ...] | torch.Size, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """torch.empty(shape) on like's device and dtype (or `dtype`), as the first shape[0] rows of a buffer of
+    padded(shape[0])."""
     rows, *rest = shape
-    return torch.empty((padded(rows), *rest), device=like.device, dtype=like.dtype)[:rows]
+    return torch.empty((padded(rows), *rest), device=like.device, dtype=dtype or like.dtype)[:rows]
 
 
 def whole_chunks(x: torch.Tensor) -> torch.Tensor:

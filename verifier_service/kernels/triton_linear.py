@@ -1,7 +1,7 @@
 """x @ weight.T (+ bias) as one Triton kernel of fixed tiles, launched with PDL (pdl.py).
 
 It launches with PDL, where cuBLAS's kernels do not: a batch-1 verify step's 4 GEMMs a layer are then launched while
-the kernel before them finishes, as a decode step's (Inductor's reductions) already are. GEMMs of up to 64 rows
+the kernel before them finishes, as a decode step's (Inductor's reductions) already are. GEMMs of up to 128 rows
 take it where PDL is on (SPECD_FEW_ROW_GEMMS, model/compile.py): the default model's k = 4 step through the stack at
 batch 1 takes 0.72-0.74 against 0.79-0.84 ms with cuBLAS (H200, docs/BENCHMARKS.md round 37); at 64 clients two
 calls disagree (rounds 38-39).
@@ -31,6 +31,7 @@ import triton.language as tl
 
 from specd import environment
 from verifier_service.kernels import pdl
+from verifier_service.kernels.split_sums import SplitSums, summed
 from verifier_service.kernels.triton_pdl import prologue
 
 
@@ -107,15 +108,8 @@ def _sum_splits_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLITS: tl.co
     row = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    if HAS_BIAS:  # a weight: no kernel writes it
-        bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros((BLOCK,), dtype=tl.float32)
     prologue(PDL)
-    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0)
-    for split in tl.static_range(1, SPLITS):
-        acc += tl.load(part_ptr + split * M * N + row * N + cols, mask=mask, other=0.0)
-    acc += bias
+    acc = summed(part_ptr, bias_ptr, row, cols, mask, M, N, SPLITS, HAS_BIAS)
     tl.store(y_ptr + row * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -147,11 +141,12 @@ def k_split(out_features: int, in_features: int, block_m: int) -> int:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_m: int = 16,
-           split_k: bool | None = None) -> torch.Tensor:
+           split_k: bool | None = None, sums_ahead: bool = False) -> torch.Tensor | SplitSums:
     """x [rows, K] @ weight [N, K].T (+ bias [N]) -> [rows, N] in x's dtype, accumulated in float32; block_m: the
     row tile (16, tl.dot's smallest, for a few rows); split_k (None: as SPECD_FEW_ROW_GEMMS_SPLIT_K says, by default
     whole): K in splits (k_split) where the column tiles alone leave SMs idle, each split's sum
-    in float32 and the splits added in order by a second kernel."""
+    in float32 and the splits added in order by a second kernel; with sums_ahead, a split GEMM leaves that to the
+    kernel that reads its output, and returns its SplitSums (kernels/split_sums.py)."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
@@ -164,7 +159,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         split_k = setting == "1" or (setting == "tile" and rows <= block_m)
     per_split = k_split(n, k, block_m) if split_k else k
     if per_split < k:
-        return _split_linear(x, weight, bias, y, block_m, block_n, per_split, dependent)
+        return _split_linear(x, weight, bias, y, block_m, block_n, per_split, dependent, sums_ahead)
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _linear_kernel[grid](x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0), x.stride(1),
                          weight.stride(0), weight.stride(1), y.stride(0), HAS_BIAS=bias is not None,
@@ -179,7 +174,8 @@ def _split_k_setting() -> str:
     return environment.few_row_gemms_split_k()
 
 
-def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int, dependent: bool) -> torch.Tensor:
+def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int, dependent: bool,
+                  sums_ahead: bool) -> torch.Tensor | SplitSums:
     rows, k = x.shape
     n = weight.shape[0]
     splits = triton.cdiv(k, per_split)
@@ -188,6 +184,8 @@ def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int
         x, weight, part, rows, n, k, per_split, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SPLIT_BLOCK_K, PDL=dependent,
         num_warps=4, num_stages=2, launch_pdl=dependent)
+    if sums_ahead:
+        return SplitSums(part, bias, x.dtype)
     block = 256
     _sum_splits_kernel[(triton.cdiv(n, block), rows)](
         part, bias if bias is not None else weight, y, rows, n, y.stride(0), SPLITS=splits, HAS_BIAS=bias is not None,

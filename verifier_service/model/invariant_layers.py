@@ -20,6 +20,7 @@ from verifier_service.kernels import pdl
 from verifier_service.kernels.fused_elementwise import rope, silu_and_mul
 from verifier_service.kernels.gemm_rows import GEMM_ROWS, whole_chunks
 from verifier_service.kernels.invariant_norm import rms_norm
+from verifier_service.kernels.split_sums import SplitSums
 from verifier_service.kernels.triton_linear import linear as triton_linear
 from verifier_service.model.layers import MLP, Attention, RMSNorm
 
@@ -29,6 +30,11 @@ TRITON_ROW_TILE = 16  # the Triton GEMM's rows a tile under SPECD_DETERMINISTIC_
 # (576) took 0.98 ms a batch-1 step with it against 1.15 with cuBLAS; Qwen3-8B's shapes (4,096) took 8.0 ms with it,
 # against 5.5, where cuBLAS's GEMMs are tuned for big weights.
 TRITON_MAX_HIDDEN = 1024
+# The linears whose output goes straight into one of the mode's kernels that add a split GEMM's parts themselves
+# (kernels/split_sums.py): o_proj and down_proj into the next RMSNorm's residual add (the post-attention norm, the
+# next layer's input norm or the final norm), gate_up_proj into SiLU-and-multiply. qkv_proj's output is sliced into
+# q, k and v, and the LM head's is the logits: they add their own.
+SUMS_AHEAD = frozenset({"o_proj", "down_proj", "gate_up_proj"})
 
 
 class InvariantLinear(nn.Module):
@@ -42,19 +48,21 @@ class InvariantLinear(nn.Module):
     With gemms "triton" / "triton-split" the fixed-tile Triton GEMM (kernels/triton_linear.py) runs instead: its tiles
     and its K split come from the weight's shape alone, and it launches with PDL, as the mode's other kernels do."""
 
-    def __init__(self, module: nn.Linear, gemms: str = "cublas"):
+    def __init__(self, module: nn.Linear, gemms: str = "cublas", sums_ahead: bool = False):
         """gemms: SPECD_DETERMINISTIC_GEMMS; "triton" / "triton-split" run the fixed-tile Triton GEMM instead, its
-        row tile (TRITON_ROW_TILE) and K split (from the weight's shape alone) the same whatever the step."""
+        row tile (TRITON_ROW_TILE) and K split (from the weight's shape alone) the same whatever the step.
+        sums_ahead: the output goes straight into a kernel that adds a split GEMM's parts itself (kernels/split_sums.py),
+        so a split GEMM returns its SplitSums."""
         super().__init__()
         self.in_features, self.out_features = module.in_features, module.out_features
         self.weight, self.bias = module.weight, module.bias
-        self.gemms = gemms
+        self.gemms, self.sums_ahead = gemms, sums_ahead
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in_features] -> [rows, out_features]."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor | SplitSums:
+        """x [rows, in_features] -> [rows, out_features] (or, sums_ahead, a split GEMM's SplitSums of that shape)."""
         if self.gemms != "cublas":
             return triton_linear(x, self.weight, self.bias, block_m=TRITON_ROW_TILE,
-                                 split_k=self.gemms == "triton-split")
+                                 split_k=self.gemms == "triton-split", sums_ahead=self.sums_ahead)
         rows = x.shape[0]
         x = whole_chunks(x)  # [whole GEMMs of rows, in_features]
         y = x.new_empty(x.shape[0], self.out_features)
@@ -69,7 +77,7 @@ class InvariantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"gemms={self.gemms}")
+                f"gemms={self.gemms}, sums_ahead={self.sums_ahead}")
 
 
 class InvariantRMSNorm(RMSNorm):
@@ -82,7 +90,7 @@ class InvariantRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.eps, self.weight)[0]
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor | SplitSums, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rms_norm(x, self.eps, self.weight, residual)
 
     @staticmethod
@@ -105,6 +113,6 @@ def make_batch_invariant(model: nn.Module) -> None:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, InvariantLinear(child, gemms))
+                setattr(parent, name, InvariantLinear(child, gemms, sums_ahead=name in SUMS_AHEAD))
             elif type(child) is RMSNorm:
                 setattr(parent, name, InvariantRMSNorm(child))
