@@ -67,6 +67,8 @@
 # defaulttest: tests/gpu/test_default_model.py (real weights), each differing prompt's top-2 gap printed
 # detgemms: bench.deterministic (the default model's shapes, random weights): the default mode, then the
 #           deterministic mode under each SPECD_DETERMINISTIC_GEMMS of DET_GEMMS (cublas triton triton-split)
+# detab   : bench.deterministic on the default model's shapes (random weights) for each NAME:TREE of DETAB_TREES
+#           (new:. old:.device/old new2:.), the first in both modes, the rest the deterministic mode alone
 # detbench / detbench_8b / detbench_135m: python -m bench.deterministic on the real weights / Qwen3-8B's or the
 #           default model's shapes at random (DET_ARGS: more of its arguments)
 # The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
@@ -77,7 +79,7 @@ OUT=${OUT:-/tmp/out}
 [ -f /tmp/site/.specd-installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl &&
   touch /tmp/site/.specd-installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECD_HOME=/tmp/specd
-bash tools/build_native_store.sh . .device/old
+bash tools/build_native_store.sh . .device/*/  # every tree carried (.device/old, other variants)
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/card.txt"
 [ -f .device/gguf.part1 ] && cp .device/gguf.part1 /tmp/gguf.part1
 
@@ -353,6 +355,18 @@ for part in "$@"; do
           --random-weights --modes $modes ${DET_ARGS:-} --out "$OUT/detgemms${DET_SHAPES:-}_$gemms.json" \
           > "$OUT/detgemms${DET_SHAPES:-}_$gemms.log" 2>&1
         echo "== detgemms ${DET_SHAPES:-} $gemms (exit $?)"; tail -n 7 "$OUT/detgemms${DET_SHAPES:-}_$gemms.log"
+        modes=deterministic
+      done ;;
+    detab)  # bench.deterministic for each NAME:TREE of DETAB_TREES in turn, the first in both modes, the rest in the
+      # deterministic mode alone (one process each)
+      dir=$PWD/$(det_model 135m) modes="default deterministic" DETAB_TREES=${DETAB_TREES:-new:.,old:.device/old,new2:.}
+      for run in ${DETAB_TREES//,/ }; do  # NAME:TREE,... (commas: a lane spec splits on spaces)
+        name=${run%%:*} tree=$(cd "${run#*:}" && pwd)
+        # shellcheck disable=SC2086  # modes, DET_ARGS: words
+        (cd /tmp/bench-root && PYTHONPATH=/tmp/site:$tree timeout "${LIMIT:-200}" python3 -m bench.deterministic \
+          --model "$dir" --random-weights --modes $modes ${DET_ARGS:-} --out "$OUT/detab_$name.json") \
+          > "$OUT/detab_$name.log" 2>&1
+        echo "== detab $name (exit $?)"; tail -n 7 "$OUT/detab_$name.log"
         modes=deterministic
       done ;;
     dettrace)  # one batch-1 decode and verify step's kernels (graph replays), default mode then deterministic
