@@ -43,6 +43,37 @@ def test_linear_rows_do_not_depend_on_the_rows_beside_them(gemms):
         assert bits_equal(linear(room[:3]), whole[40:43])
 
 
+@torch.inference_mode()
+def test_split_parts_handed_on_give_the_bits_the_adding_kernel_gives():
+    """o_proj -> the post-attention norm, gate_up_proj -> SiLU-and-multiply, down_proj -> the next norm, each split GEMM
+    handing its parts on (kernels/split_sums.py) or adding them in a kernel of its own: the same bits."""
+    from verifier_service.kernels.fused_elementwise import silu_and_mul
+    from verifier_service.kernels.invariant_norm import rms_norm
+    from verifier_service.kernels.split_sums import SplitSums
+    from verifier_service.kernels.triton_linear import linear
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).bfloat16()
+
+    x, residual, norm_weight = randn(37, 576), randn(37, 576), randn(576)
+    w_o, b_o, w_gate_up, b_gate_up, w_down = (randn(576, 576, scale=0.05), randn(576), randn(3072, 576, scale=0.05),
+                                              randn(3072), randn(576, 1536, scale=0.05))
+
+    def layer(sums_ahead: bool) -> list[torch.Tensor]:
+        attended = linear(x, w_o, b_o, split_k=True, sums_ahead=sums_ahead)
+        assert isinstance(attended, SplitSums) == sums_ahead
+        normed, stream = rms_norm(attended, 1e-5, norm_weight, residual)
+        activated = silu_and_mul(linear(normed, w_gate_up, b_gate_up, split_k=True, sums_ahead=sums_ahead))
+        out, stream_out = rms_norm(linear(activated, w_down, split_k=True, sums_ahead=sums_ahead), 1e-5,
+                                   norm_weight, stream)
+        return [normed, stream, activated, out, stream_out]
+
+    for handed_on, added in zip(layer(True), layer(False)):
+        assert bits_equal(handed_on, added)
+
+
 def test_rms_norm_rows_do_not_depend_on_the_rows_beside_them():
     from verifier_service.kernels.invariant_norm import rms_norm
 
