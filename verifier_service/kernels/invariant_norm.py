@@ -51,26 +51,23 @@ def rms_norm(x: torch.Tensor | SplitSums, eps: float, weight: torch.Tensor | Non
     """x [tokens, size] or [tokens, heads, size] (last dimension contiguous), or a split GEMM's SplitSums [tokens,
     size] (added here) -> (x / rms(x) * weight, None); with residual [tokens, size]: (norm(residual + x),
     residual + x). Every row is reduced alone, in one order."""
-    splits = x.parts.shape[0] if isinstance(x, SplitSums) else 0
-    if splits:
-        view, dtype = x.parts, x.dtype
-        tokens, heads, size = x.shape[0], 1, x.shape[1]
+    if isinstance(x, SplitSums):  # the kernel reads the parts [splits, tokens, size] and adds them
+        view, bias, dtype, splits = x.parts, x.bias, x.dtype, x.parts.shape[0]
+        (tokens, size), heads, strides = x.shape, 1, (0, 0)
     else:
         x = x if x.stride(-1) == 1 else x.contiguous()
-        view, dtype = (x if x.dim() == 3 else x.unsqueeze(1)), x.dtype
-        tokens, heads, size = view.shape
+        view, bias, dtype, splits = (x if x.dim() == 3 else x.unsqueeze(1)), None, x.dtype, 0
+        (tokens, heads, size), strides = view.shape, view.stride()[:2]
     if residual is not None and (heads != 1 or residual.stride(-1) != 1):
         raise ValueError("residual: only for [tokens, size] inputs with a contiguous last dimension")
     out = empty_rows(x.shape, view, dtype)  # a linear's input: room for its last GEMM's rows
     residual_out = torch.empty_like(out) if residual is not None else None
     if tokens:
         dependent = pdl.enabled(view.device)
-        bias = x.bias if splits else None
         _rms_kernel[(tokens, heads)](
             view, bias if bias is not None else view, residual if residual is not None else view,
             weight if weight is not None else view, out, residual_out if residual_out is not None else out, eps,
-            tokens, view.stride(0) if not splits else 0, view.stride(1) if not splits else 0,
-            residual.stride(0) if residual is not None else 0, HEADS=heads, SIZE=size,
+            tokens, *strides, residual.stride(0) if residual is not None else 0, HEADS=heads, SIZE=size,
             BLOCK=triton.next_power_of_2(size), SPLITS=splits, HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, PDL=dependent,
             num_warps=4 if size > 1024 else 1, launch_pdl=dependent)
