@@ -77,11 +77,12 @@ def _silu_mul_kernel(GATE_UP, BIAS, OUT, tokens, SIZE: tl.constexpr, BLOCK: tl.c
 def silu_and_mul(gate_up: torch.Tensor | SplitSums) -> torch.Tensor:
     """gate_up [tokens, 2 * size], or a split GEMM's SplitSums of that shape (added here) -> silu(gate) * up
     [tokens, size] in one kernel."""
-    splits = gate_up.parts.shape[0] if isinstance(gate_up, SplitSums) else 0
-    data, bias = (gate_up.parts, gate_up.bias) if splits else (gate_up.contiguous(), None)
+    if isinstance(gate_up, SplitSums):  # the kernel reads the parts [splits, tokens, 2 * size] and adds them
+        data, bias, splits = gate_up.parts, gate_up.bias, gate_up.parts.shape[0]
+    else:
+        data, bias, splits = gate_up.contiguous(), None, 0
     tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
-    # the down projection's input: room for its last GEMM's rows
-    out = empty_rows((tokens, size), data, gate_up.dtype)
+    out = empty_rows((tokens, size), data, gate_up.dtype)  # the down projection's input: room for its last GEMM's rows
     if tokens:
         dependent = pdl.enabled(data.device)
         _silu_mul_kernel[(tokens, triton.cdiv(size, 1024))](

@@ -19,7 +19,8 @@ def padded(rows: int) -> int:
     return -(-rows // GEMM_ROWS) * GEMM_ROWS
 
 
-def empty_rows(shape: tuple[int, ...] | torch.Size, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def empty_rows(shape: tuple[int, ...] | torch.Size, like: torch.Tensor,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
     """torch.empty(shape) on like's device and dtype (or `dtype`), as the first shape[0] rows of a buffer of
     padded(shape[0])."""
     rows, *rest = shape

@@ -51,8 +51,8 @@ class InvariantLinear(nn.Module):
     def __init__(self, module: nn.Linear, gemms: str = "cublas", sums_ahead: bool = False):
         """gemms: SPECD_DETERMINISTIC_GEMMS; "triton" / "triton-split" run the fixed-tile Triton GEMM instead, its
         row tile (TRITON_ROW_TILE) and K split (from the weight's shape alone) the same whatever the step.
-        sums_ahead: the output goes straight into a kernel that adds a split GEMM's parts itself (kernels/split_sums.py),
-        so a split GEMM returns its SplitSums."""
+        sums_ahead: the output goes straight into a kernel that adds a split GEMM's parts itself
+        (kernels/split_sums.py), so a split GEMM returns its SplitSums."""
         super().__init__()
         self.in_features, self.out_features = module.in_features, module.out_features
         self.weight, self.bias = module.weight, module.bias
