@@ -73,11 +73,8 @@ def trace(runner: ModelRunner, table: list[int], graphs: bool, size: int = 1) ->
         per_layer = len(kernels) // layers
         print(f"{name}: kernels per step {len(kernels)}, ~{per_layer} per layer "
               f"(+{len(kernels) - per_layer * layers} outside), GPU time {sum(e.device_time for e in kernels) / 1e3:.3f} ms")
-        families: dict[str, float] = {}
-        for e in kernels:
-            families[kernel_family(e.name)] = families.get(kernel_family(e.name), 0.0) + e.device_time
-        print(f"{name}: us by family: " + ", ".join(f"{label} {us:.1f}" for label, us in
-                                                    sorted(families.items(), key=lambda kv: -kv[1])))
+        families = by_family((e.name, e.device_time) for e in kernels)
+        print(f"{name}: us by family: " + ", ".join(f"{label} {us:.1f}" for label, us in families))
 
 
 def prefill(model_dir: str) -> None:
@@ -141,6 +138,15 @@ def kernel_family(name: str) -> str:
     return "other"
 
 
+def by_family(times) -> list[tuple[str, float]]:
+    """(kernel name, time) pairs summed by kernel family, the largest first."""
+    families: dict[str, float] = {}
+    for name, time_spent in times:
+        label = kernel_family(name)
+        families[label] = families.get(label, 0.0) + time_spent
+    return sorted(families.items(), key=lambda kv: -kv[1])
+
+
 def profiled_kernels(fn, *args):
     """(fn's result, wall seconds, {kernel name: (calls, device seconds)}), CUDA activity only, so the host pays
     almost nothing; busy time against wall time shows how long the device waited for the host."""
@@ -159,11 +165,8 @@ def print_kernel_table(title: str, wall: float, kernels: dict[str, tuple[int, fl
     """Device busy / wall, then device time by kernel family and the `top` kernels."""
     busy = sum(seconds for _, seconds in kernels.values())
     print(f"\n{title}: wall {wall:.2f} s, kernels {busy:.2f} s ({busy / wall:.0%} busy)")
-    families: dict[str, float] = {}
-    for name, (_, seconds) in kernels.items():
-        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + seconds
     print("| family | device s | share |\n|---|---|---|")
-    for label, seconds in sorted(families.items(), key=lambda kv: -kv[1]):
+    for label, seconds in by_family((name, seconds) for name, (_, seconds) in kernels.items()):
         print(f"| {label} | {seconds:.3f} | {seconds / busy:.1%} |")
     print("| kernel | calls | device s | share |\n|---|---|---|---|")
     for name, (calls, seconds) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:

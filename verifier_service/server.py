@@ -65,20 +65,23 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave)
     loading = _in_daemon_thread(engine.wait_ready)
     stopped = asyncio.ensure_future(stop_requested.wait())
-    try:
-        await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not loading.done():  # a stop during the load: the engine process goes, nothing else ran yet
-            logger.info("stop requested while loading the model: exiting")
-            loading.cancel()  # the load's end (the killed engine process's error) is nobody's news now
-            engine.kill()
-            serve_socket.close()
-            await server.stop(grace=0)
-            return
-        limits = loading.result()
-    except BaseException:  # e.g. a model that cannot be split: close the port before the error ends the process
+
+    async def end_start_up() -> None:
+        """Start-up ends early: the engine process goes, and both ports close at once (nothing ran on them yet)."""
         engine.kill()
         serve_socket.close()
         await server.stop(grace=0)
+
+    try:
+        await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():  # a stop during the load
+            logger.info("stop requested while loading the model: exiting")
+            loading.cancel()  # the load's end (the killed engine process's error) is nobody's news now
+            await end_start_up()
+            return
+        limits = loading.result()
+    except BaseException:  # e.g. a model that cannot be split: close the ports before the error ends the process
+        await end_start_up()
         raise
     finally:
         stopped.cancel()

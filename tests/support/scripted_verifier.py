@@ -14,8 +14,8 @@ import asyncio
 import grpc
 
 from specd.serving import GrpcServer, ServerConfig
-from verifier_service.serve_socket import ServeSocket
 from specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.serve_socket import ServeSocket
 
 
 class ScriptedVerifier(verifier_pb2_grpc.VerifierServicer):

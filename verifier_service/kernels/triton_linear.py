@@ -149,9 +149,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kernel that reads its output, and returns its SplitSums (kernels/split_sums.py)."""
     rows, k = x.shape
     n = weight.shape[0]
-    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     if rows == 0:
-        return y
+        return torch.empty(0, n, device=x.device, dtype=x.dtype)
     block_n, block_k, warps, stages = tiles(n, block_m)
     dependent = pdl.enabled(x.device)
     if split_k is None:
@@ -159,7 +158,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         split_k = setting == "1" or (setting == "tile" and rows <= block_m)
     per_split = k_split(n, k, block_m) if split_k else k
     if per_split < k:
-        return _split_linear(x, weight, bias, y, block_m, block_n, per_split, dependent, sums_ahead)
+        return _split_linear(x, weight, bias, block_m, block_n, per_split, dependent, sums_ahead)
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _linear_kernel[grid](x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0), x.stride(1),
                          weight.stride(0), weight.stride(1), y.stride(0), HAS_BIAS=bias is not None,
@@ -174,7 +174,7 @@ def _split_k_setting() -> str:
     return environment.few_row_gemms_split_k()
 
 
-def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int, dependent: bool,
+def _split_linear(x, weight, bias, block_m: int, block_n: int, per_split: int, dependent: bool,
                   sums_ahead: bool) -> torch.Tensor | SplitSums:
     rows, k = x.shape
     n = weight.shape[0]
@@ -184,8 +184,9 @@ def _split_linear(x, weight, bias, y, block_m: int, block_n: int, per_split: int
         x, weight, part, rows, n, k, per_split, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SPLIT_BLOCK_K, PDL=dependent,
         num_warps=4, num_stages=2, launch_pdl=dependent)
-    if sums_ahead:
+    if sums_ahead:  # the kernel after it adds the parts: no output of its own
         return SplitSums(part, bias, x.dtype)
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     block = 256
     _sum_splits_kernel[(triton.cdiv(n, block), rows)](
         part, bias if bias is not None else weight, y, rows, n, y.stride(0), SPLITS=splits, HAS_BIAS=bias is not None,
