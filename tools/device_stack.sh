@@ -326,7 +326,7 @@ for part in "$@"; do
       tail -n 25 /tmp/soak/soak.log ;;
     setup) echo "set up; GGUF piece 1 kept: $(ls -la /tmp/gguf.part1)"; lscpu > "$OUT/lscpu.txt" ;;
     detkernels)  # the deterministic mode's kernels alone (no model): a row's bits in any step
-      python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_cuda.py -k "linear or rms_norm or attention or fused or split" \
+      python3 -m pytest -q -p no:cacheprovider tests/gpu/test_deterministic_cuda.py -k "linear or rms_norm or attention or fused or split or rope" \
         2>&1 | tee "$OUT/detkernels.log" | tail -8 ;;
     dettests) default_model || continue  # the deterministic mode on the default model through the engine
       SPECD_DEFAULT_GGUF=/tmp/gguf/model.gguf timeout "${LIMIT:-400}" python3 -m pytest -q -p no:cacheprovider -rs \

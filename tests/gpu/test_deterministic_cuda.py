@@ -74,6 +74,29 @@ def test_split_parts_handed_on_give_the_bits_the_adding_kernel_gives():
         assert bits_equal(handed_on, added)
 
 
+def test_qkv_parts_handed_to_rope_give_the_bits_of_the_adding_kernel_and_rope():
+    """qkv_proj -> RoPE (model/invariant_layers.py's project_from_parts): q and k rotated and v from the split GEMM's
+    parts in one kernel, or the parts added by a kernel of their own and then rotated: the same bits."""
+    from verifier_service.kernels.fused_elementwise import rope
+    from verifier_service.kernels.split_sums import SplitSums
+    from verifier_service.kernels.triton_linear import linear
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    heads, kv_heads, head_dim, tokens = 9, 3, 64, 37
+    x = torch.randn(tokens, 576, device="cuda", generator=gen).bfloat16()
+    w = (torch.randn((heads + 2 * kv_heads) * head_dim, 576, device="cuda", generator=gen) * 0.05).bfloat16()
+    bias = torch.randn(w.shape[0], device="cuda", generator=gen).bfloat16()
+    cos, sin = (torch.randn(tokens, 1, head_dim, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    qkv = linear(x, w, bias, split_k=True)
+    q, k = rope(qkv[:, :(heads + kv_heads) * head_dim].view(tokens, -1, head_dim), cos, sin).split([heads, kv_heads], 1)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    parts = linear(x, w, bias, split_k=True, sums_ahead=True)
+    assert isinstance(parts, SplitSums)
+    fused = rope(parts, cos, sin, heads=heads + 2 * kv_heads, rotated=heads + kv_heads)
+    for handed_on, added in zip(fused.split([heads, kv_heads, kv_heads], 1), (q, k, v)):
+        assert bits_equal(handed_on, added)
+
+
 def test_rms_norm_rows_do_not_depend_on_the_rows_beside_them():
     from verifier_service.kernels.invariant_norm import rms_norm
 

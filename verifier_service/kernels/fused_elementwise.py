@@ -21,36 +21,54 @@ from verifier_service.kernels.split_sums import SplitSums, summed
 from verifier_service.kernels.triton_pdl import prologue
 
 
-@triton.jit(do_not_specialize=["stride_token", "stride_head"])
-def _rope_kernel(X, COS, SIN, OUT, stride_token, stride_head, HEADS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    # X [tokens, HEADS, D] by its strides (the last one 1); COS, SIN [tokens, D] (SIN signed as rope.py's table);
-    # OUT [tokens, HEADS, D] contiguous. out = x * cos + roll(x, D / 2) * sin.
+@triton.jit(do_not_specialize=["tokens", "stride_token", "stride_head"])
+def _rope_kernel(X, BIAS, COS, SIN, OUT, tokens, stride_token, stride_head, HEADS: tl.constexpr, ROTATED: tl.constexpr,
+                 D: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 PDL: tl.constexpr):
+    # X [tokens, HEADS, D] by its strides (the last one 1), or with SPLITS a split GEMM's parts [SPLITS, tokens,
+    # HEADS * D] and its BIAS (kernels/split_sums.py); COS, SIN [tokens, D] (SIN signed as rope.py's table); OUT
+    # [tokens, HEADS, D] contiguous. The first ROTATED heads: out = x * cos + roll(x, D / 2) * sin; the rest: x.
     prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     h, d = tl.arange(0, BLOCK_H), tl.arange(0, D)
-    ok = (h < HEADS)[:, None]
-    rows = X + token * stride_token + h[:, None] * stride_head
-    x = tl.load(rows + d[None, :], mask=ok, other=0.0).to(tl.float32)
-    rolled = tl.load(rows + ((d + D // 2) % D)[None, :], mask=ok, other=0.0).to(tl.float32)
+    ok = (h < HEADS)[:, None] & (d < D)[None, :]
+    if SPLITS:  # the GEMM's output, as its own adding kernel would have written it
+        cols = h[:, None] * D + d[None, :]
+        rolled_cols = h[:, None] * D + ((d + D // 2) % D)[None, :]
+        x = summed(X, BIAS, token, cols, ok, tokens, HEADS * D, SPLITS, HAS_BIAS).to(OUT.dtype.element_ty)
+        rolled = summed(X, BIAS, token, rolled_cols, ok, tokens, HEADS * D, SPLITS, HAS_BIAS).to(OUT.dtype.element_ty)
+    else:
+        row = X + token * stride_token + h[:, None] * stride_head
+        x = tl.load(row + d[None, :], mask=ok, other=0.0)
+        rolled = tl.load(row + ((d + D // 2) % D)[None, :], mask=ok, other=0.0)
+    x, rolled = x.to(tl.float32), rolled.to(tl.float32)
     cos = tl.load(COS + token * D + d).to(tl.float32)
     sin = tl.load(SIN + token * D + d).to(tl.float32)
-    out = x * cos[None, :] + rolled * sin[None, :]
+    out = tl.where((h < ROTATED)[:, None], x * cos[None, :] + rolled * sin[None, :], x)
     tl.store(OUT + (token * HEADS + h[:, None]) * D + d[None, :], out.to(OUT.dtype.element_ty), mask=ok)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor | SplitSums, cos: torch.Tensor, sin: torch.Tensor, heads: int | None = None,
+         rotated: int | None = None) -> torch.Tensor:
     """RotaryEmbedding.apply in one kernel: x [tokens, heads, head_dim] (last dimension contiguous), cos, sin
-    [tokens, 1, head_dim] -> x rotated, contiguous."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    tokens, heads, head_dim = x.shape
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    [tokens, 1, head_dim] -> x rotated, contiguous. With `rotated`, only the first that many heads (q and k of a
+    q/k/v projection; v as it is). x may be a split GEMM's SplitSums [tokens, heads * head_dim] (added here: the
+    q/k/v projection hands its parts on), given `heads`."""
+    head_dim = cos.shape[-1]
+    if isinstance(x, SplitSums):  # the kernel reads the parts [splits, tokens, heads * head_dim] and adds them
+        data, bias, splits, dtype = x.parts, x.bias, x.parts.shape[0], x.dtype
+        tokens, strides = x.shape[0], (0, 0)
+    else:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        data, bias, splits, dtype = x, None, 0, x.dtype
+        (tokens, heads, _), strides = x.shape, x.stride()[:2]
+    out = torch.empty(tokens, heads, head_dim, device=data.device, dtype=dtype)
     if tokens:
-        dependent = pdl.enabled(x.device)
-        _rope_kernel[(tokens,)](x, cos.contiguous(), sin.contiguous(), out, x.stride(0), x.stride(1), HEADS=heads,
-                                D=head_dim, BLOCK_H=triton.next_power_of_2(heads), PDL=dependent, num_warps=4,
-                                launch_pdl=dependent)
+        dependent = pdl.enabled(data.device)
+        _rope_kernel[(tokens,)](data, bias if bias is not None else data, cos.contiguous(), sin.contiguous(), out,
+                                tokens, *strides, HEADS=heads, ROTATED=heads if rotated is None else rotated,
+                                D=head_dim, BLOCK_H=triton.next_power_of_2(heads), SPLITS=splits,
+                                HAS_BIAS=bias is not None, PDL=dependent, num_warps=4, launch_pdl=dependent)
     return out
 
 

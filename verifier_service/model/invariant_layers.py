@@ -12,6 +12,8 @@ every step.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -32,8 +34,8 @@ TRITON_ROW_TILE = 16  # the Triton GEMM's rows a tile under SPECD_DETERMINISTIC_
 TRITON_MAX_HIDDEN = 1024
 # The linears whose output goes straight into one of the mode's kernels that add a split GEMM's parts themselves
 # (kernels/split_sums.py): o_proj and down_proj into the next RMSNorm's residual add (the post-attention norm, the
-# next layer's input norm or the final norm), gate_up_proj into SiLU-and-multiply. qkv_proj's output is sliced into
-# q, k and v, and the LM head's is the logits: they add their own.
+# next layer's input norm or the final norm), gate_up_proj into SiLU-and-multiply; and qkv_proj, in a model without
+# QK-norm, into RoPE (project_from_parts). The LM head's output is the logits: it adds its own.
 SUMS_AHEAD = frozenset({"o_proj", "down_proj", "gate_up_proj"})
 
 
@@ -98,6 +100,24 @@ class InvariantRMSNorm(RMSNorm):
         return rms_norm(x, eps)[0]
 
 
+def project_from_parts(attention: Attention, hidden: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention.project for a model without QK-norm: the q/k/v projection hands its parts on, and one kernel adds
+    them, rotates q and k and writes v as it is (the adding kernel and RoPE's, bit for bit, one kernel fewer)."""
+    heads = attention.num_heads + 2 * attention.num_kv_heads
+    qkv = attention.qkv_proj(hidden)
+    if not isinstance(qkv, SplitSums):
+        qkv = qkv.view(hidden.shape[0], heads, attention.head_dim)
+    qkv = rope(qkv, cos, sin, heads=heads, rotated=attention.num_heads + attention.num_kv_heads)
+    return qkv.split([attention.num_heads, attention.num_kv_heads, attention.num_kv_heads], dim=1)
+
+
+def _sums_ahead(parent: nn.Module, name: str) -> bool:
+    """Whether the linear parent.name hands a split GEMM's parts to the kernel after it (SUMS_AHEAD, and a q/k/v
+    projection that project_from_parts reads)."""
+    return name in SUMS_AHEAD or (name == "qkv_proj" and isinstance(parent, Attention) and parent.q_norm is None)
+
+
 def make_batch_invariant(model: nn.Module) -> None:
     """Replaces every nn.Linear and RMSNorm of model by its invariant twin, and RoPE and SiLU-and-multiply by one
     kernel each (kernels/fused_elementwise.py: fewer launches, as Inductor's fusion would give), in place."""
@@ -108,11 +128,13 @@ def make_batch_invariant(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Attention):
             module.rotate = rope
+            if module.q_norm is None:  # q, k and v straight from the projection's parts (project_from_parts)
+                module.project = functools.partial(project_from_parts, module)
         elif isinstance(module, MLP):
             module.activate = silu_and_mul
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, InvariantLinear(child, gemms, sums_ahead=name in SUMS_AHEAD))
+                setattr(parent, name, InvariantLinear(child, gemms, sums_ahead=_sums_ahead(parent, name)))
             elif type(child) is RMSNorm:
                 setattr(parent, name, InvariantRMSNorm(child))
