@@ -5,7 +5,9 @@ two products, the sum) and two on SiLU-and-multiply, in every layer of every ste
 the default model, where each costs about as much as its data. Both round once, from float32, where eager code
 rounds after every op (the deterministic mode is consistent with itself, not bit-equal to the default mode).
 
-Both launch with programmatic dependent launch (kernels/pdl.py), as the mode's other kernels do.
+Both can take a split GEMM's parts in place of their input (kernels/split_sums.py) and add them as they load it:
+gate_up_proj's, and, in a model without QK-norm, the q/k/v projection's, whose v heads RoPE's kernel then writes
+as they are. Both launch with programmatic dependent launch (kernels/pdl.py), as the mode's other kernels do.
 
 Importing this module needs triton (the deterministic mode on CUDA imports it).
 """

@@ -2,11 +2,11 @@
 
 kernels/triton_linear.py splits the K of a narrow weight over more programs, each summing its part into a float32
 buffer, and a second kernel adds the parts. So a linear whose output goes straight into one of the deterministic
-mode's own elementwise kernels (an RMSNorm with its residual add, SiLU-and-multiply) hands that kernel its
+mode's own elementwise kernels (an RMSNorm with its residual add, SiLU-and-multiply, RoPE) hands that kernel its
 `SplitSums` instead, and the kernel adds the parts as it loads them (`summed`): in split order, then the bias,
 rounded to the GEMM's dtype, exactly as the adding kernel does. The bits are the same either way; the step has one
-kernel fewer for each such linear: 90 on the default model, whose batch-1 step is 3% faster for it and its batch-64
-step 4% (H100, docs/BENCHMARKS.md round 44). Adding the parts inside the GEMM kernel instead (its last split to
+kernel fewer for each such linear: 120 on the default model. The first 90 (o_proj, gate_up_proj, down_proj) made
+its batch-1 step 3% faster and its batch-64 step 4% (H100, docs/BENCHMARKS.md round 44). Adding the parts inside the GEMM kernel instead (its last split to
 finish, found by an atomic counter) was slower: the fence and that tail cost more than a kernel boundary under PDL.
 
 Importing this module needs triton.
