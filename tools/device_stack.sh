@@ -48,6 +48,9 @@
 # gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
 # envs_stack: the real weights through the stack once under each VAR=value of ENVS, 1 and 16 clients (ENVS_CLIENTS),
 #           k = 0 and 4, memory off, stack only
+# drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
+#           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
+#           process, as the engine alone drafts), then in-process, then the link (the engine alone beside the first)
 # maxrows : `timeline` at 1 and 16 requests with SPECD_FEW_ROW_GEMMS_MAX_ROWS=each of MAXROWS (128 64) in one call:
 #           whether a 16-request verify step's 80-row GEMMs pay on the Triton GEMM (round 43's lead)
 # splitk  : `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0)
@@ -306,6 +309,15 @@ for part in "$@"; do
         "tests/gpu/test_deterministic_cuda.py::test_linear_rows_do_not_depend_on_the_rows_beside_them" \
         > "$OUT/lineartests.log" 2>&1
       echo "== lineartests (exit $?)"; tail -n 15 "$OUT/lineartests.log" ;;
+    drafters) default_model || continue  # the link against in-process drafting through the stack, in turns
+      i=0 engine=""
+      for drafter in link in-process in-process link; do
+        i=$((i + 1)) args=""; [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
+        # shellcheck disable=SC2086
+        LIMIT=${DRAFTERS_LIMIT:-150} stack . "drafters_${i}_$drafter" --clients ${DRAFTERS_CLIENTS:-16} --ks 0 4 \
+          --num-requests ${DRAFTERS_REQUESTS:-384} $engine $args
+        engine=--no-engine
+      done ;;
     stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4
       LIMIT=${STACK_LIMIT:-400} stack . stalls --clients 1 16 --ks 4 --batch1-requests 500 --num-requests 500 \
         --passes 2 --draft-memory-scope global --no-engine
