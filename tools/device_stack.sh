@@ -50,7 +50,8 @@
 #           k = 0 and 4, memory off, stack only
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
-#           process, as the engine alone drafts), then in-process, then the link (the engine alone beside the first)
+#           process, as the engine alone drafts), then in-process, then the link (DRAFTERS_ORDER; the engine alone
+#           beside the first)
 # maxrows : `timeline` at 1 and 16 requests with SPECD_FEW_ROW_GEMMS_MAX_ROWS=each of MAXROWS (128 64) in one call:
 #           whether a 16-request verify step's 80-row GEMMs pay on the Triton GEMM (round 43's lead)
 # splitk  : `timeline` with the Triton GEMM's K split (SPECD_FEW_ROW_GEMMS_SPLIT_K=1), then whole (0)
@@ -311,7 +312,7 @@ for part in "$@"; do
       echo "== lineartests (exit $?)"; tail -n 15 "$OUT/lineartests.log" ;;
     drafters) default_model || continue  # the link against in-process drafting through the stack, in turns
       i=0 engine=""
-      for drafter in link in-process in-process link; do
+      for drafter in ${DRAFTERS_ORDER:-link in-process in-process link}; do
         i=$((i + 1)) args=""; [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
         # shellcheck disable=SC2086
         LIMIT=${DRAFTERS_LIMIT:-150} stack . "drafters_${i}_$drafter" --clients ${DRAFTERS_CLIENTS:-16} --ks 0 4 \
