@@ -10,7 +10,9 @@
 # dettrace: one step's kernels in the default and the deterministic mode (random weights of the default model)
 # prefill : where a prompt's time to first token goes (python -m bench.profile_step --prefill)
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
-#           beside its engine alone and Hugging Face at batch 1
+#           beside its engine alone and Hugging Face at batch 1; FINAL_REQUESTS (512) a run at 16-256 clients (128, as
+#           round 45 ran it, is two waves at 64 clients: runs of under a second, as far apart as 1.48x where both
+#           drafted nothing)
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
 # ab      : this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64) clients, k = 0 and 4
 # abgw    : the front door, this tree and .device/old in turn (new, old, old, new): random weights of the default model's
@@ -165,7 +167,7 @@ for part in "$@"; do
       LIMIT=400 stack . throughput --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 256 ;;
     final)
       default_model || continue
-      LIMIT=420 stack . final_new --clients 1 16 64 256 --ks 0 4 --num-requests 128 --hf 10 ;;
+      LIMIT=420 stack . final_new --clients 1 16 64 256 --ks 0 4 --num-requests "${FINAL_REQUESTS:-512}" --hf 10 ;;
     old) default_model || continue
       LIMIT=300 stack .device/old final_old --clients 1 16 64 256 --ks 0 4 --num-requests 128 --no-engine --port-offset 900 ;;
     ab64)  # this tree and .device/old alternating, random weights, 64 clients, speculation off
