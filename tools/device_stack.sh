@@ -12,7 +12,7 @@
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
 #           beside its engine alone and Hugging Face at batch 1; FINAL_REQUESTS (512) a run at 16-256 clients (128, as
 #           round 45 ran it, is two waves at 64 clients: runs of under a second, as far apart as 1.48x where both
-#           drafted nothing)
+#           drafted next to nothing)
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
 # ab      : this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64) clients, k = 0 and 4
 # abgw    : the front door, this tree and .device/old in turn (new, old, old, new): random weights of the default model's
