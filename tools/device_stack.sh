@@ -5,6 +5,9 @@
 #           engine alone at 1 / 16 / 64 / 256 clients, speculation off; then one decode and one verify step's kernels
 #           (python -m bench.profile_step --trace --graph)
 # pyspy   : py-spy over every process of the stack at 256 clients (random weights, k = 0)
+# pyspy_real: py-spy over every process of the stack, then of its engine alone on the same requests: the real weights,
+#           PYSPY_CLIENTS (16) clients, k = PYSPY_KS (4), memory off, 384 requests (the stack's engine thread runs
+#           under engine_loop, the engine alone's under bench/stack.py's _closed_loop)
 # steady  : the stack beside its engine at 64 / 256 clients, 600 requests a run, twice (random weights, k = 0)
 # throughput: the same random weights at 64 and 256 clients only, speculation off, stack beside engine
 # dettrace: one step's kernels in the default and the deterministic mode (random weights of the default model)
@@ -77,7 +80,7 @@
 #           (new:. old:.device/old new2:.), the first in both modes, the rest the deterministic mode alone
 # detbench / detbench_8b / detbench_135m: python -m bench.deterministic on the real weights / Qwen3-8B's or the
 #           default model's shapes at random (DET_ARGS: more of its arguments)
-# The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 46,000,000
+# The GGUF (98 MB) is over one call's carry: the first call carries .device with gguf.part1 (the first 38,000,000
 # bytes of ~/.cache/specd/gguf/SmolLM2-135M-Instruct.Q4_1.gguf), the next one, made at once (the machine stays warm
 # for 30 s), carries .device-part2 with the rest. Results: $OUT/*.jsonl and *.log; each part's table printed last.
 set -u
@@ -159,6 +162,12 @@ for part in "$@"; do
       [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
       PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy.txt --" \
         LIMIT=300 stack . pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 600 --passes 3 --no-engine ;;
+    pyspy_real) default_model || continue  # round 45: the stack's k = 4 steps at 16 clients took 1.22 ms to launch,
+      # the engine alone's 0.74
+      [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
+      # shellcheck disable=SC2086
+      PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy_real.txt --" \
+        LIMIT=300 stack . pyspy_real --clients ${PYSPY_CLIENTS:-16} --ks ${PYSPY_KS:-4} --num-requests 384 ;;
     steady)  # random weights, 64 and 256 clients, speculation off, 600 requests a run, twice: the stack beside its engine
       random_model
       LIMIT=${STACK_LIMIT:-400} stack . steady --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 600 --passes 2 ;;
