@@ -13,9 +13,7 @@
 # dettrace: one step's kernels in the default and the deterministic mode (random weights of the default model)
 # prefill : where a prompt's time to first token goes (python -m bench.profile_step --prefill)
 # final   : the real weights (as `real` gets them), this tree at 1 / 16 / 64 / 256 clients with speculation off and on
-#           beside its engine alone and Hugging Face at batch 1; FINAL_REQUESTS (512) a run at 16-256 clients (128, as
-#           round 45 ran it, is two waves at 64 clients: runs of under a second, as far apart as 1.48x where both
-#           drafted next to nothing)
+#           beside its engine alone and Hugging Face at batch 1; FINAL_REQUESTS (512) a run at 16-256 clients
 # ab64    : this tree and .device/old in turn, twice each: random weights, 64 clients, speculation off, stack only
 # ab      : this tree and .device/old in turn, twice each: the real weights, AB_CLIENTS (1 16 64) clients, k = 0 and 4
 # abgw    : the front door, this tree and .device/old in turn (new, old, old, new): random weights of the default model's
@@ -114,6 +112,13 @@ stack() {  # stack TREE NAME ARGS...: this tree's bench.stack over the code in T
   echo "== $name (exit $?)"; grep -v " INFO \| WARNING " "$OUT/$name.log" | tail -n "${TAIL:-14}"
 }
 
+pyspy_stack() {  # pyspy_stack NAME ARGS...: `stack . NAME ARGS...` under py-spy (.device/tools/py_spy-*.whl), every
+  # process, raw stacks with thread ids, idle included, into $OUT/NAME.txt
+  [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
+  PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/$1.txt --" \
+    LIMIT=300 stack . "$@"
+}
+
 random_model() {  # random weights of the default model's shapes, with its real tokenizer (.device/model), once
   [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
 }
@@ -159,15 +164,11 @@ for part in "$@"; do
     pyspy)  # where each process of the stack spends a 256-client run (random weights, speculation off, 600
       # requests): py-spy over all of them (.device/tools/py_spy-*.whl), raw stacks with thread ids, idle included
       random_model
-      [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
-      PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy.txt --" \
-        LIMIT=300 stack . pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 600 --passes 3 --no-engine ;;
+      pyspy_stack pyspy --model /tmp/models/smollm2-135m --clients 256 --ks 0 --num-requests 600 --passes 3 --no-engine ;;
     pyspy_real) default_model || continue  # round 45: the stack's k = 4 steps at 16 clients took 1.22 ms to launch,
       # the engine alone's 0.74
-      [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
       # shellcheck disable=SC2086
-      PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/pyspy_real.txt --" \
-        LIMIT=300 stack . pyspy_real --clients ${PYSPY_CLIENTS:-16} --ks ${PYSPY_KS:-4} --num-requests 384 ;;
+      pyspy_stack pyspy_real --clients ${PYSPY_CLIENTS:-16} --ks ${PYSPY_KS:-4} --num-requests 384 ;;
     steady)  # random weights, 64 and 256 clients, speculation off, 600 requests a run, twice: the stack beside its engine
       random_model
       LIMIT=${STACK_LIMIT:-400} stack . steady --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 600 --passes 2 ;;
