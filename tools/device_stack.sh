@@ -51,6 +51,9 @@
 # gemmrows: a step's projections (the default model's shapes) by row count, cuBLAS against the Triton GEMM
 # envs_stack: the real weights through the stack once under each VAR=value of ENVS, 1 and 16 clients (ENVS_CLIENTS),
 #           k = 0 and 4, memory off, stack only
+# linkprof: py-spy over every process of the stack, and every thread's CPU and run-queue wait (tools/thread_sched.py),
+#           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
+#           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
 #           process, as the engine alone drafts), then in-process, then the link (DRAFTERS_ORDER; the engine alone
@@ -331,6 +334,15 @@ for part in "$@"; do
           --num-requests ${DRAFTERS_REQUESTS:-384} $engine $args
         engine=--no-engine
       done ;;
+    linkprof) default_model || continue  # the drafter link against in-process drafting, under py-spy and the sampler
+      python3 tools/thread_sched.py "$OUT/linkprof_sched.jsonl" --interval 0.5 --duration 400 & sampler=$!
+      for drafter in link in-process; do
+        args=""; [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
+        echo "$drafter $(date +%s.%N)" >> "$OUT/linkprof_marks.txt"
+        # shellcheck disable=SC2086
+        pyspy_stack "linkprof_$drafter" --clients 16 --ks 4 --num-requests 384 --no-engine $args
+      done
+      echo "end $(date +%s.%N)" >> "$OUT/linkprof_marks.txt"; kill "$sampler" ;;
     stalls) default_model || continue  # 1,000 requests a client count: 500 prompts twice, memory on, k = 4
       LIMIT=${STACK_LIMIT:-400} stack . stalls --clients 1 16 --ks 4 --batch1-requests 500 --num-requests 500 \
         --passes 2 --draft-memory-scope global --no-engine
