@@ -54,10 +54,10 @@
 # linkprof: py-spy over every process of the stack, and every thread's CPU and run-queue wait (tools/thread_sched.py),
 #           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
 #           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
-# linkab  : the real weights, 16 clients, k = 4 (the first run k = 0 too), memory off, 384 requests, stack only, in
-#           turns: the drafter link, in-process drafting, .device/v_noservice (a link that never asks the service),
-#           .device/v_pin (the engine thread alone on the last CPU, the rest of the stack on the others) with its link
-#           and in-process, the link again: whether the link's cost is its own work or the machine's
+# linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS): the
+#           drafter link, .device/v_noservice (a link that never asks the service), .device/v_pin (the engine thread
+#           alone on the last CPU, the rest of the stack on the others), in-process drafting: whether the link's cost is
+#           its own work or the machine's
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
 #           process, as the engine alone drafts), then in-process, then the link (DRAFTERS_ORDER; the engine alone
@@ -339,15 +339,15 @@ for part in "$@"; do
         engine=--no-engine
       done ;;
     linkab) default_model || continue  # what the drafter link's 0.15-0.25 ms a step is (round 46)
-      i=0 ks="0 4" limit=240
-      for run in link:. in-process:. link:.device/v_noservice link:.device/v_pin in-process:.device/v_pin link:.; do
+      i=0 limit=240
+      for run in ${LINKAB_RUNS:-link:. link:.device/v_noservice link:.device/v_pin in-process:.}; do
         i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler=""
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
         [ "$tree" = .device/v_pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
         # shellcheck disable=SC2086
-        PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${tree##*/}" --clients 16 --ks $ks \
+        PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${tree##*/}" --clients 16 --ks 4 \
           --num-requests 384 --no-engine $args
-        ks=4 limit=150
+        limit=120
       done ;;
     linkprof) default_model || continue  # the drafter link against in-process drafting, under py-spy and the sampler
       python3 tools/thread_sched.py "$OUT/linkprof_sched.jsonl" --interval 0.5 --duration 400 & sampler=$!
