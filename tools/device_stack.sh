@@ -347,7 +347,7 @@ for part in "$@"; do
         # shellcheck disable=SC2086
         PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${tree##*/}" --clients 16 --ks 4 \
           --num-requests 384 --no-engine $args
-        limit=120
+        limit=180
       done ;;
     linkprof) default_model || continue  # the drafter link against in-process drafting, under py-spy and the sampler
       python3 tools/thread_sched.py "$OUT/linkprof_sched.jsonl" --interval 0.5 --duration 400 & sampler=$!
