@@ -54,7 +54,7 @@
 # linkprof: py-spy over every process of the stack, and every thread's CPU and run-queue wait (tools/thread_sched.py),
 #           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
 #           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
-# linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS): the
+# linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated): the
 #           drafter link, .device/v_noservice (a link that never asks the service), .device/v_pin (the engine thread
 #           alone on the last CPU, the rest of the stack on the others), in-process drafting: whether the link's cost is
 #           its own work or the machine's
@@ -339,8 +339,8 @@ for part in "$@"; do
         engine=--no-engine
       done ;;
     linkab) default_model || continue  # what the drafter link's 0.15-0.25 ms a step is (round 46)
-      i=0 limit=240
-      for run in ${LINKAB_RUNS:-link:. link:.device/v_noservice link:.device/v_pin in-process:.}; do
+      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:.device/v_noservice,link:.device/v_pin,in-process:.}
+      for run in ${runs//,/ }; do
         i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler=""
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
         [ "$tree" = .device/v_pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
