@@ -55,9 +55,9 @@
 #           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
 #           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
 # linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated): the
-#           drafter link, .device/v_noservice (a link that never asks the service), .device/v_pin (the engine thread
-#           alone on the last CPU, the rest of the stack on the others), in-process drafting: whether the link's cost is
-#           its own work or the machine's
+#           drafter link, a variant whose link never asks the service (noservice), one whose engine thread runs alone on
+#           the last CPU, the rest of the stack on the others (pin), in-process drafting: whether the link's cost is its
+#           own work or the machine's (the variants are this tree with one edit each, made here: `variant`)
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
 #           process, as the engine alone drafts), then in-process, then the link (DRAFTERS_ORDER; the engine alone
@@ -124,6 +124,28 @@ pyspy_stack() {  # pyspy_stack NAME ARGS...: `stack . NAME ARGS...` under py-spy
   [ -x /tmp/pyspy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .device/tools/py_spy-*.whl
   PROFILER="/tmp/pyspy/bin/py-spy record --subprocesses --idle --threads -r 100 -f raw -o $OUT/$1.txt --" \
     LIMIT=300 stack . "$@"
+}
+
+variant() {  # variant NAME: this tree with one experiment's edit, in /tmp/variants/NAME (its path printed)
+  local dir=/tmp/variants/$1
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r setup.py specd specd_cli gateway verifier_service drafter_service bench "$dir/"
+  rm -f "$dir"/drafter_service/_native_store*.so
+  python3 - "$dir" "$1" <<'PY' || return 1
+import sys
+edits = {  # NAME: (file, the line as it is, the line instead)
+    "noservice": ("drafter_service/link.py", "            asker.ask(step_id, requests, drafts if wanted else None)",
+                  "            pass  # experiment: the service is never asked"),
+    "pin": ("verifier_service/engine_loop.py", "    def _run(self) -> None:",
+            "    def _run(self) -> None:\n        import os; os.sched_setaffinity(0, {os.cpu_count() - 1})  # experiment"),
+}
+path, old, new = edits[sys.argv[2]]
+path = f"{sys.argv[1]}/{path}"
+text = open(path).read()
+assert text.count(old) == 1, f"{path}: the line to edit is not there once"
+open(path, "w").write(text.replace(old, new))
+PY
+  bash tools/build_native_store.sh "$dir" >&2
+  echo "$dir"
 }
 
 random_model() {  # random weights of the default model's shapes, with its real tokenizer (.device/model), once
@@ -339,11 +361,12 @@ for part in "$@"; do
         engine=--no-engine
       done ;;
     linkab) default_model || continue  # what the drafter link's 0.15-0.25 ms a step is (round 46)
-      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:.device/v_noservice,link:.device/v_pin,in-process:.}
+      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:pin,in-process:.}
       for run in ${runs//,/ }; do
         i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler=""
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
-        [ "$tree" = .device/v_pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
+        [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
+        [ "$tree" = . ] || tree=$(variant "$tree") || continue
         # shellcheck disable=SC2086
         PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${tree##*/}" --clients 16 --ks 4 \
           --num-requests 384 --no-engine $args
