@@ -7,13 +7,15 @@ A drafter service in its own process (bench/drafter.py's), the tree's DrafterLin
 does what an engine scheduling ahead does (verifier_service/engine/engine.py): ask for step n + 1's drafts, let the
 step in flight run (a sleep of --step-ms), then collect step n + 1's answer without waiting. The contexts are
 bench/drafter.py's Workload (copies of earlier spans, 1-4 accepted tokens a step). It prints, per step time and
-batch: the share of steps that got the service's drafts, the link's own (trees without them: 0), none; and the
-engine thread's microseconds per step in begin_propose and in the collection. Run it for two trees (PYTHONPATH)
-to compare them on one machine.
+batch: the share of steps that got the service's drafts, the link's own (trees without them: 0), none; the engine
+thread's microseconds per step in begin_propose and in the collection; and the CPU microseconds per step of the link
+process and of the drafter service, every thread counted (/proc/PID/stat). Run it for two trees (PYTHONPATH) to
+compare them on one machine.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -22,6 +24,13 @@ from bench.drafter import Workload, start_drafter
 from bench.local_stack import free_port
 from drafter_service.batch import DraftRequest
 from drafter_service.link import DrafterLink
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, all its threads (utime and stime of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rhythm(link: DrafterLink, workload: Workload, steps: int, step_s: float, prefix: str) -> dict:
@@ -63,15 +72,22 @@ def main() -> None:
     link = DrafterLink(f"127.0.0.1:{port}", timeout_s=0.005)
     try:
         warm = Workload(1, args.context, random.Random(1))
-        while rhythm(link, warm, 20, 0.002, "warm-")["service"] < 0.5:  # the link process starts, its stream opens
+        for _ in range(50):  # the link process starts, its stream opens (a link that never asks: 5 s)
+            if rhythm(link, warm, 20, 0.002, "warm-")["service"] >= 0.5:
+                break
             time.sleep(0.1)
-        print(f"{'step ms':>8}{'batch':>6}{'service':>9}{'own':>6}{'none':>6}{'begin us':>10}{'collect us':>11}")
+        print(f"{'step ms':>8}{'batch':>6}{'service':>9}{'own':>6}{'none':>6}{'begin us':>10}{'collect us':>11}"
+              f"{'link CPU us':>12}{'drafter CPU us':>15}")
         for step_ms in (float(s) for s in args.step_ms.split(",")):
             for batch in (int(b) for b in args.batches.split(",")):
                 workload = Workload(batch, args.context, random.Random(batch))
+                pids = (link._process.pid, drafter.pid)  # noqa: SLF001 - the link's process, to read its CPU time
+                before = [cpu_seconds(pid) for pid in pids]
                 row = rhythm(link, workload, args.steps, step_ms / 1000, f"{step_ms}-{batch}-")
+                link_us, drafter_us = (1e6 * (cpu_seconds(pid) - b) / args.steps for pid, b in zip(pids, before))
                 print(f"{step_ms:>8}{batch:>6}{row['service']:>9.2f}{row['own']:>6.2f}{row['none']:>6.2f}"
-                      f"{row['begin_us']:>10.0f}{row['collect_us']:>11.0f}", flush=True)
+                      f"{row['begin_us']:>10.0f}{row['collect_us']:>11.0f}{link_us:>12.0f}{drafter_us:>15.0f}",
+                      flush=True)
     finally:
         link.close()
         drafter.terminate()
