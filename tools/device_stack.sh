@@ -55,9 +55,15 @@
 #           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
 #           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
 # linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated): the
-#           drafter link, a variant whose link never asks the service (noservice), one whose engine thread runs alone on
-#           the last CPU, the rest of the stack on the others (pin), in-process drafting: whether the link's cost is its
-#           own work or the machine's (the variants are this tree with one edit each, made here: `variant`)
+#           drafter link, a variant whose link never asks the service (noservice), one whose link process runs as
+#           SCHED_BATCH (batch: the engine thread's pipe write no longer lets it preempt the engine thread), one whose
+#           engine thread runs alone on the last CPU, the rest of the stack on the others (pin), in-process drafting:
+#           whether the link's cost is its own work, its wake-ups or the machine's (the variants are this tree with one
+#           edit each, made here: `variant`)
+# pinab   : random weights of the default model's shapes, 64 and 256 clients, k = 0, 512 requests, the stack in turns
+#           (PINAB_RUNS): this tree (beside its engine alone), pin, readerbatch (the serving process's reader of the
+#           step messages as SCHED_BATCH), this tree again: whether issue #34's stack-against-engine gap is the engine thread
+#           sharing its CPU with the threads it wakes (needs no GGUF: a first call's part)
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
 #           process, as the engine alone drafts), then in-process, then the link (DRAFTERS_ORDER; the engine alone
@@ -137,6 +143,15 @@ edits = {  # NAME: (file, the line as it is, the line instead)
                   "            pass  # experiment: the service is never asked"),
     "pin": ("verifier_service/engine_loop.py", "    def _run(self) -> None:",
             "    def _run(self) -> None:\n        import os; os.sched_setaffinity(0, {os.cpu_count() - 1})  # experiment"),
+    # the drafter link's process, and the serving process's reader of the step messages, as SCHED_BATCH: woken by the
+    # engine thread's pipe write (a synchronous wake-up), they no longer preempt it
+    "batch": ("drafter_service/link.py",
+              "    stop_signals.die_with_parent(signal.SIGKILL, parent_pid)  # nothing of its state outlives the engine",
+              "    stop_signals.die_with_parent(signal.SIGKILL, parent_pid)\n"
+              "    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # experiment"),
+    "readerbatch": ("verifier_service/engine_process.py", "    def _read(self) -> None:",
+                    "    def _read(self) -> None:\n"
+                    "        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # experiment"),
 }
 path, old, new = edits[sys.argv[2]]
 path = f"{sys.argv[1]}/{path}"
@@ -361,16 +376,29 @@ for part in "$@"; do
         engine=--no-engine
       done ;;
     linkab) default_model || continue  # what the drafter link's 0.15-0.25 ms a step is (round 46)
-      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:pin,in-process:.}
+      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:batch,link:pin,in-process:.}
       for run in ${runs//,/ }; do
         i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler=""
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
-        [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
+        [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"  # the rest of the stack off the engine's CPU
         [ "$tree" = . ] || tree=$(variant "$tree") || continue
         # shellcheck disable=SC2086
         PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${tree##*/}" --clients 16 --ks 4 \
           --num-requests 384 --no-engine $args
         limit=180
+      done ;;
+    pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin and readerbatch, in turns (round 46)
+      random_model
+      i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,readerbatch,.}
+      for tree in ${runs//,/ }; do
+        i=$((i + 1)) name=$tree profiler=""
+        [ "$tree" = . ] && name=this
+        [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
+        [ "$tree" = . ] || tree=$(variant "$tree") || continue
+        # shellcheck disable=SC2086
+        PROFILER=$profiler LIMIT=$limit TAIL=4 stack "$tree" "pinab_${i}_$name" \
+          --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 512 $engine
+        engine=--no-engine limit=140
       done ;;
     linkprof) default_model || continue  # the drafter link against in-process drafting, under py-spy and the sampler
       python3 tools/thread_sched.py "$OUT/linkprof_sched.jsonl" --interval 0.5 --duration 400 & sampler=$!
