@@ -54,6 +54,8 @@
 # linkprof: py-spy over every process of the stack, and every thread's CPU and run-queue wait (tools/thread_sched.py),
 #           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
 #           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
+# wakecost: tools/wake_cost.py on this host's CPUs (no model, no GPU): what waking a helper through a pipe costs a
+#           thread that keeps working, with the helper as it is, as SCHED_BATCH and kept off the writer's CPU
 # linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated): the
 #           drafter link, a variant whose link never asks the service (noservice), one whose link process runs as
 #           SCHED_BATCH (batch: the engine thread's pipe write no longer lets it preempt the engine thread), one whose
@@ -387,6 +389,7 @@ for part in "$@"; do
           --num-requests 384 --no-engine $args
         limit=180
       done ;;
+    wakecost) python3 tools/wake_cost.py --seconds 3 | tee "$OUT/wakecost.txt" ;;  # the engine thread's wake-ups
     pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin and readerbatch, in turns (round 46)
       random_model
       i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,readerbatch,.}
