@@ -53,7 +53,7 @@
 #           k = 0 and 4, memory off, stack only
 # linkprof: py-spy over every process of the stack, and every thread's CPU and run-queue wait (tools/thread_sched.py),
 #           the real weights, 16 clients, k = 4, memory off, 384 requests, stack only: with its drafter link, then with
-#           `--drafter-addr in-process` (why the link's k = 4 steps take 0.15-0.25 ms longer, round 46)
+#           `--drafter-addr in-process` (why the link's k = 4 steps take 0.14-0.24 ms longer, round 46)
 # wakecost: tools/wake_cost.py on this host's CPUs (no model, no GPU): what waking a helper through a pipe costs a
 #           thread that keeps working, with the helper as it is, as SCHED_BATCH and kept off the writer's CPU
 # linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated): the
@@ -377,7 +377,7 @@ for part in "$@"; do
           --num-requests ${DRAFTERS_REQUESTS:-384} $engine $args
         engine=--no-engine
       done ;;
-    linkab) default_model || continue  # what the drafter link's 0.15-0.25 ms a step is (round 46)
+    linkab) default_model || continue  # what the drafter link's 0.14-0.24 ms a step is (round 46)
       i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:batch,link:pin,in-process:.}
       for run in ${runs//,/ }; do
         i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler=""
