@@ -20,6 +20,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from specd import stop_signals
+from specd.engine_cpu import choose as choose_engine_cpu
 from specd.serving import GrpcServer
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
@@ -45,6 +46,7 @@ async def serve_async(config: VerifierConfig) -> None:
 
 
 async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
+    engine_cpu = choose_engine_cpu(config.engine.device, config.engine.tensor_parallel_size)  # refused before any port
     registry = CollectorRegistry()
     # Registered before the ports open, so /metrics has every family while the model loads.
     metrics = VerifierMetrics(registry, max_speculative_tokens=config.engine.speculative_tokens_limit)
@@ -62,7 +64,7 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
         raise
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
     started = time.monotonic()
-    engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave)
+    engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave, engine_cpu=engine_cpu)
     loading = _in_daemon_thread(engine.wait_ready)
     stopped = asyncio.ensure_future(stop_requested.wait())
 

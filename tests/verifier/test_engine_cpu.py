@@ -1,0 +1,67 @@
+"""SPECD_ENGINE_CPU: a real verifier's engine thread runs alone on its CPU, and no other thread of the verifier (its
+serving process, the engine process's others, the drafter link's process) may run there; requests are served."""
+import os
+
+import pytest
+
+from bench.local_stack import Stack
+from specd import environment
+from specd.startup_errors import StartupError
+from support.e2e_clients import generate
+from verifier_service import server
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                reason="needs Linux CPU affinity and two CPUs")
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except OSError:
+            continue
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def affinities(pid: int) -> list[set[int]]:
+    """The CPUs each thread of pid may run on."""
+    return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    cpu = max(os.sched_getaffinity(0))
+    stack = Stack(extra_args=("--device", "cpu", "--dtype", "float32", "--async-scheduling", "on"),
+                  extra_env={environment.ENGINE_CPU: str(cpu)}).start()
+    yield stack, cpu
+    stack.stop_cleanly()
+
+
+def test_the_engine_thread_alone_runs_on_its_cpu_and_requests_are_served(stack):
+    stack, cpu = stack
+    result = generate(stack.gateway_address, "def add(a, b):\n", 16, num_speculative_tokens=4)
+    assert len(result.token_ids) == 16
+    serving = stack.services["verifier-0"].process.pid
+    processes = descendants(serving)
+    assert len(processes) >= 3  # the serving process, the engine process, the drafter link's process
+    on_cpu = {pid: [a for a in affinities(pid) if cpu in a] for pid in processes}
+    engine_processes = [pid for pid, threads in on_cpu.items() if threads]
+    # One process (the engine's) has threads on the CPU, each on it alone: the engine thread, and the OpenMP threads
+    # its CPU forward starts (on CUDA there are none); nothing else of the verifier may run there.
+    assert len(engine_processes) == 1 and engine_processes[0] != serving
+    engine = engine_processes[0]
+    assert all(a == {cpu} for a in on_cpu[engine])
+    assert len(affinities(engine)) > len(on_cpu[engine])  # its main thread, pipe thread and others keep off it
+
+
+def test_a_cpu_the_verifier_may_not_use_is_refused_before_start(monkeypatch):
+    monkeypatch.setenv(environment.ENGINE_CPU, str(max(os.sched_getaffinity(0)) + 1000))
+    with pytest.raises(StartupError, match=environment.ENGINE_CPU):
+        server.choose_engine_cpu("cuda", 1)
