@@ -58,13 +58,14 @@
 #           thread that keeps working, with the helper as it is, as SCHED_BATCH and kept off the writer's CPU
 # linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated): the
 #           drafter link, a variant whose link never asks the service (noservice), one whose link process runs as
-#           SCHED_BATCH (batch: the engine thread's pipe write no longer lets it preempt the engine thread), one whose
+#           SCHED_BATCH (batch: the engine thread's pipe write no longer lets it preempt the engine thread), this tree
+#           with SPECD_ENGINE_CPU=auto (isolate: the verifier's own helpers off the engine thread's CPU), a variant whose
 #           engine thread runs alone on the last CPU, the rest of the stack on the others (pin), in-process drafting:
 #           whether the link's cost is its own work, its wake-ups or the machine's (the variants are this tree with one
 #           edit each, made here: `variant`)
 # pinab   : random weights of the default model's shapes, 64 and 256 clients, k = 0, 512 requests, the stack in turns
-#           (PINAB_RUNS): this tree (beside its engine alone), pin, readerbatch (the serving process's reader of the
-#           step messages as SCHED_BATCH), this tree again: whether issue #34's stack-against-engine gap is the engine thread
+#           (PINAB_RUNS): this tree (beside its engine alone), pin, isolate (SPECD_ENGINE_CPU=auto), this tree again
+#           (readerbatch: the serving process's step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine thread
 #           sharing its CPU with the threads it wakes (needs no GGUF: a first call's part)
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
@@ -378,28 +379,31 @@ for part in "$@"; do
         engine=--no-engine
       done ;;
     linkab) default_model || continue  # what the drafter link's 0.14-0.24 ms a step is (round 46)
-      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:batch,link:pin,in-process:.}
+      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:batch,link:isolate,link:pin,in-process:.}
       for run in ${runs//,/ }; do
-        i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler=""
+        i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler="" engine_cpu=off name=${run#*:}
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
         [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"  # the rest of the stack off the engine's CPU
+        [ "$tree" = isolate ] && tree=. engine_cpu=auto  # SPECD_ENGINE_CPU: the verifier's own helpers off it
         [ "$tree" = . ] || tree=$(variant "$tree") || continue
         # shellcheck disable=SC2086
-        PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${tree##*/}" --clients 16 --ks 4 \
+        SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_$name" \
+          --clients 16 --ks 4 \
           --num-requests 384 --no-engine $args
         limit=180
       done ;;
     wakecost) python3 tools/wake_cost.py --seconds 3 | tee "$OUT/wakecost.txt" ;;  # the engine thread's wake-ups
     pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin and readerbatch, in turns (round 46)
       random_model
-      i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,readerbatch,.}
+      i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,isolate,.}
       for tree in ${runs//,/ }; do
-        i=$((i + 1)) name=$tree profiler=""
+        i=$((i + 1)) name=$tree profiler="" engine_cpu=off
         [ "$tree" = . ] && name=this
         [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
+        [ "$tree" = isolate ] && tree=. engine_cpu=auto
         [ "$tree" = . ] || tree=$(variant "$tree") || continue
         # shellcheck disable=SC2086
-        PROFILER=$profiler LIMIT=$limit TAIL=4 stack "$tree" "pinab_${i}_$name" \
+        SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=4 stack "$tree" "pinab_${i}_$name" \
           --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 512 $engine
         engine=--no-engine limit=140
       done ;;
