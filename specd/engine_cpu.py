@@ -19,7 +19,7 @@ from specd.startup_errors import StartupError
 
 logger = logging.getLogger(__name__)
 
-MIN_CPUS = 4  # below this, one CPU taken from the rest costs the serving process and the drafter link more than it saves
+MIN_CPUS = 4  # below this, taking one would leave the rest of the verifier (serving process, drafter link) too few
 
 
 def choose(device: str, tensor_parallel_size: int) -> int | None:
