@@ -7,7 +7,8 @@ the woken thread on the writer's CPU first, and the engine thread then waits out
 with the reader kept off the writer's CPU; docs/BENCHMARKS.md round 46). Here the serving process keeps every thread of
 its own off one CPU before it starts the engine process, which inherits that, and the engine thread alone takes it; so
 no helper the engine thread wakes can run there. `auto` takes the last CPU the verifier may use, where it may use at
-least MIN_CPUS (several verifier replicas on one machine need a number each); a number takes that CPU.
+least MIN_CPUS (`specd up` refuses it for several verifier replicas: they would take the same one); a number
+takes that CPU.
 """
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ import pytest
 
 from bench.local_stack import Stack
 from specd import environment
+from specd.options import ServiceOptions
 from specd.startup_errors import StartupError
+from specd_cli.launcher import plan_stack
 from support.e2e_clients import generate
 from verifier_service import server
 
@@ -65,3 +67,10 @@ def test_a_cpu_the_verifier_may_not_use_is_refused_before_start(monkeypatch):
     monkeypatch.setenv(environment.ENGINE_CPU, str(max(os.sched_getaffinity(0)) + 1000))
     with pytest.raises(StartupError, match=environment.ENGINE_CPU):
         server.choose_engine_cpu("cuda", 1)
+
+
+def test_up_refuses_one_engine_cpu_for_several_replicas(monkeypatch):
+    monkeypatch.setenv(environment.ENGINE_CPU, "auto")
+    assert any(s.name == "verifier" for s in plan_stack(ServiceOptions(), num_verifiers=1, port_offset=0))
+    with pytest.raises(ValueError, match=environment.ENGINE_CPU):
+        plan_stack(ServiceOptions(), num_verifiers=2, port_offset=0)
