@@ -52,9 +52,9 @@ def rhythm(link: DrafterLink, workload: Workload, steps: int, step_s: float, pre
         workload.grow()
         pending, asked = ask()
         begin_s.append(asked)
-    pending.result(wait=False)
     missed = link.num_fallbacks - before[0]
     own = getattr(link, "num_context_drafts", 0) - before[1]
+    pending.result(wait=False)  # the step asked last, collected at once: not one of the counted steps
     link.release([f"{prefix}{i}" for i in range(len(workload.contexts))])
     return {"service": 1 - missed / steps, "own": own / steps, "none": (missed - own) / steps,
             "begin_us": 1e6 * statistics.mean(begin_s), "collect_us": 1e6 * statistics.mean(collect_s)}
