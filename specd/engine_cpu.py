@@ -60,17 +60,13 @@ def keep_process_off(cpu: int) -> None:
             pass
 
 
-def take(cpu: int, others: set[int]) -> None:
-    """The calling thread (the engine's) alone on `cpu`; `others` are the CPUs its helpers keep to."""
-    global _OTHERS
-    _OTHERS = others
+def take(cpu: int) -> None:
+    """The calling thread (the engine's) alone on `cpu`."""
     os.sched_setaffinity(0, {cpu})
 
 
 def step_aside() -> None:
-    """A thread the engine thread starts (which inherits its one CPU) back on the helpers' CPUs."""
-    if _OTHERS is not None:
-        os.sched_setaffinity(0, _OTHERS)
-
-
-_OTHERS: set[int] | None = None  # set in the engine process once its engine thread has taken its CPU
+    """A thread the engine thread starts (which inherits its one CPU) back on the CPUs of the process's main thread,
+    which kept off it (where nothing was taken, that changes nothing)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, os.sched_getaffinity(os.getpid()))  # the main thread's id is the process's

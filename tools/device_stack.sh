@@ -166,6 +166,16 @@ PY
   echo "$dir"
 }
 
+run_as() {  # run_as NAME: the tree, profiler and SPECD_ENGINE_CPU of a run named . (this tree), isolate (this tree
+  # with SPECD_ENGINE_CPU=auto), pin (its variant, the rest of the stack kept off the engine's CPU) or another variant
+  tree=$1 profiler="" engine_cpu=off
+  case $1 in
+    isolate) tree=. engine_cpu=auto ;;
+    pin) profiler="taskset -c 0-$(($(nproc) - 2))" ;;
+  esac
+  [ "$tree" = . ] || tree=$(variant "$tree")
+}
+
 random_model() {  # random weights of the default model's shapes, with its real tokenizer (.device/model), once
   [ -d /tmp/models/smollm2-135m ] || python3 -m bench.make_random_model smollm2-135m /tmp/models/smollm2-135m .device/model
 }
@@ -381,27 +391,22 @@ for part in "$@"; do
     linkab) default_model || continue  # what the drafter link's 0.14-0.24 ms a step is (round 46)
       i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:batch,link:isolate,link:pin,in-process:.}
       for run in ${runs//,/ }; do
-        i=$((i + 1)) drafter=${run%%:*} tree=${run#*:} args="" profiler="" engine_cpu=off name=${run#*:}
+        i=$((i + 1)) drafter=${run%%:*} name=${run#*:} args=""
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
-        [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"  # the rest of the stack off the engine's CPU
-        [ "$tree" = isolate ] && tree=. engine_cpu=auto  # SPECD_ENGINE_CPU: the verifier's own helpers off it
-        [ "$tree" = . ] || tree=$(variant "$tree") || continue
+        run_as "$name" || continue
         # shellcheck disable=SC2086
         SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_$name" \
-          --clients 16 --ks 4 \
-          --num-requests 384 --no-engine $args
+          --clients 16 --ks 4 --num-requests 384 --no-engine $args
         limit=180
       done ;;
     wakecost) python3 tools/wake_cost.py --seconds 3 | tee "$OUT/wakecost.txt" ;;  # the engine thread's wake-ups
-    pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin and readerbatch, in turns (round 46)
+    pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin and isolate, in turns (round 46)
       random_model
       i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,isolate,.}
-      for tree in ${runs//,/ }; do
-        i=$((i + 1)) name=$tree profiler="" engine_cpu=off
-        [ "$tree" = . ] && name=this
-        [ "$tree" = pin ] && profiler="taskset -c 0-$(($(nproc) - 2))"
-        [ "$tree" = isolate ] && tree=. engine_cpu=auto
-        [ "$tree" = . ] || tree=$(variant "$tree") || continue
+      for name in ${runs//,/ }; do
+        i=$((i + 1))
+        run_as "$name" || continue
+        [ "$name" = . ] && name=this
         # shellcheck disable=SC2086
         SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=4 stack "$tree" "pinab_${i}_$name" \
           --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 512 $engine

@@ -9,16 +9,17 @@ step in flight run (a sleep of --step-ms), then collect step n + 1's answer with
 bench/drafter.py's Workload (copies of earlier spans, 1-4 accepted tokens a step). It prints, per step time and
 batch: the share of steps that got the service's drafts, the link's own (trees without them: 0), none; the engine
 thread's microseconds per step in begin_propose and in the collection; and the CPU microseconds per step of the link
-process and of the drafter service, every thread counted (/proc/PID/stat). Run it for two trees (PYTHONPATH) to
+process and of the drafter service, every thread counted. Run it for two trees (PYTHONPATH) to
 compare them on one machine.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import time
+
+import psutil
 
 from bench.drafter import Workload, start_drafter
 from bench.local_stack import free_port
@@ -27,10 +28,9 @@ from drafter_service.link import DrafterLink
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process, all its threads (utime and stime of /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU time of a process, all its threads."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def rhythm(link: DrafterLink, workload: Workload, steps: int, step_s: float, prefix: str) -> dict:

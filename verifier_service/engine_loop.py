@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,8 +44,8 @@ class EngineLoop:
                  emit: Callable[[list[RequestOutput | RequestFailed]], None] | None = None,
                  cpu: int | None = None) -> None:
         """`cpu`: the one CPU the thread runs on (specd/engine_cpu.py; the process keeps off it), None for any."""
-        self.engine = engine
-        self._cpu = cpu  # read-only use outside the thread: model facts fixed at load time
+        self.engine = engine  # read-only use outside the thread: model facts fixed at load time
+        self._cpu = cpu
         self._engine = engine
         self._after_step = after_step or (lambda: None)
         self._router = OutputRouter() if emit is None else None
@@ -122,7 +121,7 @@ class EngineLoop:
 
     def _run(self) -> None:
         if self._cpu is not None:
-            engine_cpu.take(self._cpu, os.sched_getaffinity(0))
+            engine_cpu.take(self._cpu)
         while not self._stopping:  # checked before waiting: a wake-up cleared between steps is lost
             self._wake.wait()
             with self._lock:

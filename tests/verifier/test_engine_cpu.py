@@ -2,6 +2,7 @@
 serving process, the engine process's others, the drafter link's process) may run there; requests are served."""
 import os
 
+import psutil
 import pytest
 
 from bench.local_stack import Stack
@@ -16,25 +17,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.s
                                 reason="needs Linux CPU affinity and two CPUs")
 
 
-def descendants(pid: int) -> list[int]:
-    """pid and every process below it."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-        except OSError:
-            continue
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo += children.get(found[-1], [])
-    return found
-
-
-def affinities(pid: int) -> list[set[int]]:
-    """The CPUs each thread of pid may run on."""
-    return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+def affinities(process: psutil.Process) -> list[set[int]]:
+    """The CPUs each thread of the process may run on."""
+    return [os.sched_getaffinity(thread.id) for thread in process.threads()]
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +35,11 @@ def test_the_engine_thread_alone_runs_on_its_cpu_and_requests_are_served(stack):
     stack, cpu = stack
     result = generate(stack.gateway_address, "def add(a, b):\n", 16, num_speculative_tokens=4)
     assert len(result.token_ids) == 16
-    serving = stack.services["verifier-0"].process.pid
-    processes = descendants(serving)
+    serving = psutil.Process(stack.services["verifier-0"].process.pid)
+    processes = [serving, *serving.children(recursive=True)]
     assert len(processes) >= 3  # the serving process, the engine process, the drafter link's process
-    on_cpu = {pid: [a for a in affinities(pid) if cpu in a] for pid in processes}
-    engine_processes = [pid for pid, threads in on_cpu.items() if threads]
+    on_cpu = {process: [a for a in affinities(process) if cpu in a] for process in processes}
+    engine_processes = [process for process, threads in on_cpu.items() if threads]
     # One process (the engine's) has threads on the CPU, each on it alone: the engine thread, and the OpenMP threads
     # its CPU forward starts (on CUDA there are none); nothing else of the verifier may run there.
     assert len(engine_processes) == 1 and engine_processes[0] != serving
