@@ -62,7 +62,8 @@
 #           with SPECD_ENGINE_CPU=auto (isolate: the verifier's own helpers off the engine thread's CPU), a variant whose
 #           engine thread runs alone on the last CPU, the rest of the stack on the others (pin), in-process drafting:
 #           whether the link's cost is its own work, its wake-ups or the machine's (the variants are this tree with one
-#           edit each, made here: `variant`)
+#           edit each, made here: `variant`); LINKAB_MODEL=random runs them on random weights of the default model's
+#           shapes (no GGUF: one call)
 # pinab   : random weights of the default model's shapes, 64 and 256 clients, k = 0, 512 requests, the stack in turns
 #           (PINAB_RUNS): this tree (beside its engine alone), pin, isolate (SPECD_ENGINE_CPU=auto), this tree again
 #           (readerbatch: the serving process's step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine thread
@@ -388,7 +389,10 @@ for part in "$@"; do
           --num-requests ${DRAFTERS_REQUESTS:-384} $engine $args
         engine=--no-engine
       done ;;
-    linkab) default_model || continue  # what the drafter link's 0.14-0.24 ms a step is (round 46)
+    linkab)  # what the drafter link's 0.14-0.24 ms a step is (round 46)
+      model=""
+      if [ "${LINKAB_MODEL:-real}" = random ]; then random_model; model="--model /tmp/models/smollm2-135m"
+      else default_model || continue; fi
       i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:noservice,link:batch,link:isolate,link:pin,in-process:.}
       for run in ${runs//,/ }; do
         i=$((i + 1)) drafter=${run%%:*} name=${run#*:} args=""
@@ -396,7 +400,7 @@ for part in "$@"; do
         run_as "$name" || continue
         # shellcheck disable=SC2086
         SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_$name" \
-          --clients 16 --ks 4 --num-requests 384 --no-engine $args
+          $model --clients 16 --ks 4 --num-requests 384 --no-engine $args
         limit=180
       done ;;
     wakecost) python3 tools/wake_cost.py --seconds 3 | tee "$OUT/wakecost.txt" ;;  # the engine thread's wake-ups
