@@ -188,12 +188,18 @@ class DrafterClient:
             return {}
         return _drafts_from_pb(pending.requests, reply)
 
-    def release(self, request_ids: Sequence[str]) -> None:
-        """Tell the drafter to forget finished or aborted requests (sent right away)."""
-        held = [i for i in request_ids if self._sent_lengths.pop(i, None) is not None]
+    def release(self, request_ids: Sequence[str], last: Sequence[DraftRequest] = ()) -> None:
+        """Tell the drafter to forget finished or aborted requests (sent right away). `last`: those requests at their
+        last step (draft limit 0); the tokens of theirs the drafter has not been sent go first, so that its memory
+        keeps their outputs whole (a caller that does not ask every step, drafter_service/ask_rule.py)."""
         stream = self._current_stream()
+        sent = self._sent_lengths
+        behind = [r for r in last if 0 < sent.get(r.request_id, 0) < len(r.token_ids)]
+        if behind and stream is not None:
+            stream.outbox.put(self._step(0, behind))  # step_id 0: nobody awaits its reply
+        held = [i for i in request_ids if sent.pop(i, None) is not None]
         if held and stream is not None:
-            stream.outbox.put(_Step(0, released_ids=held))  # step_id 0: nobody awaits its (empty) reply
+            stream.outbox.put(_Step(0, released_ids=held))
 
     def _current_stream(self) -> _Stream | None:
         stream = self._stream

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from drafter_service.ask_rule import matched
 from drafter_service.batch import DraftRequest
 from drafter_service.config import DrafterConfig
 from drafter_service.local import LocalProposer
@@ -154,7 +155,7 @@ class ContextFirstProposer:
             if drafted is None or drafted.service is None or len(r.token_ids) <= drafted.context_len:
                 continue
             emitted, judged = r.token_ids[drafted.context_len:], True
-            if _accepted(drafted.service, emitted) > _accepted(drafted.own, emitted):
+            if matched(drafted.service, emitted) > matched(drafted.own, emitted):
                 self._waiting[r.request_id] = PATIENCE
                 self.service_remembers = gained = True
             elif drafted.waited and r.request_id in self._waiting:
@@ -164,13 +165,3 @@ class ContextFirstProposer:
             drafted.service = None  # judged
         if judged:
             self._gain_rate += (gained - self._gain_rate) / RATE_STEPS
-
-
-def _accepted(drafts: list[int], emitted: Sequence[int]) -> int:
-    """How many of `drafts` the emitted tokens accept (their common start)."""
-    count = 0
-    for draft, token in zip(drafts, emitted):
-        if draft != token:
-            break
-        count += 1
-    return count

@@ -7,10 +7,12 @@ drafter's rule in process at 1.37x (docs/BENCHMARKS.md, round 22). Here the engi
 message per step (each context's new tokens since the last) and reads the replies already there, in one system call
 (specd/pipe_frames.py: the propose stage at one client fell from 0.07-0.08 to 0.03 ms on an H200, round 41).
 
-The link process answers each step twice. First at once, from its own copy of the contexts: the drafter's rule over
-each request's own context (drafter_service/local.py, no memory), a pipe hop away. Then with the drafter service's
-answer, as the entries where it differs (its memory of earlier outputs), or None where it failed or was past its
-deadline; not at all once a newer step has been asked (service_asker.py). A GPU step of a small model takes under a
+The link process answers each step at once from its own copy of the contexts: the drafter's rule over each request's
+own context (drafter_service/local.py, no memory), a pipe hop away. Where it asks the drafter service too (ask_rule.py:
+a request's first step, the steps of a request whose service drafts have lately predicted it better, one step in
+eight otherwise), it answers again with the service's answer, as the entries where it differs (its memory of
+earlier outputs), or None where it failed or was past its deadline; not at all once a newer step has been asked
+(service_asker.py). A step not asked has the own answer as its final one. A GPU step of a small model takes under a
 millisecond, about what the service's round trip takes (through two processes and gRPC): the service's answer
 missed 26-63% of the steps at one client (round 31). The own answer is there in time, so a late or dead drafter
 service costs the memory's drafts, not the context's.
@@ -28,10 +30,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from drafter_service.ask_rule import PROBE_STEPS
 from drafter_service.batch import DraftRequest
-from drafter_service.service_asker import CONTEXT
+from drafter_service.service_asker import CONTEXT, OWN_ONLY
 from specd.engine_cpu import step_aside
 from specd.pipe_frames import PipeReader, pickled
 from specd.serving import TlsConfig
@@ -48,6 +51,7 @@ class _StepAnswers:
 
 
 _NOTHING_YET = _StepAnswers()  # read only
+_UNASKED: dict[str, list[int]] = {}  # the service's differences at a step it was not asked (read only)
 
 
 class _PendingStep:
@@ -67,11 +71,14 @@ class _PendingStep:
 class DrafterLink:
     """Proposer backed by the drafter service, through a link process that holds the gRPC client."""
 
-    def __init__(self, target: str, *, timeout_s: float = 0.005, tls: TlsConfig | None = None) -> None:
-        """`timeout_s` is the per-step deadline (the CLI's --drafter-timeout-ms / 1000)."""
-        self.target, self.timeout_s, self._tls = target, timeout_s, tls
+    def __init__(self, target: str, *, timeout_s: float = 0.005, tls: TlsConfig | None = None,
+                 probe_steps: int = PROBE_STEPS) -> None:
+        """`timeout_s` is the per-step deadline (the CLI's --drafter-timeout-ms / 1000); `probe_steps`: the service is
+        asked at least one step in this many (ask_rule.py; 1 asks every step)."""
+        self.target, self.timeout_s, self._tls, self.probe_steps = target, timeout_s, tls, probe_steps
         self.num_fallbacks = 0  # steps that wanted drafts and missed the service's answer (or the link's)
         self.num_context_drafts = 0  # of those, steps drafted from the link's own copy of the contexts
+        self.num_unasked = 0  # steps that wanted drafts and whose service was not asked (the own drafts final)
         self._step_id = 0
         self._sent: dict[str, int] = {}  # per request: tokens the link process holds
         self._answers: dict[int, _StepAnswers] = {}  # read before their step was collected
@@ -109,6 +116,7 @@ class DrafterLink:
     def _finish(self, pending: _PendingStep, wait: bool) -> dict[str, list[int]]:
         answers = self._read(pending.step_id, pending.deadline if wait else 0.0)
         if answers.service is not None:
+            self.num_unasked += answers.service is _UNASKED
             return _merged(answers.context or {}, answers.service)
         self.num_fallbacks += 1
         if answers.context is None:
@@ -126,6 +134,8 @@ class DrafterLink:
                     answers = self._answers.setdefault(answered_id, _StepAnswers())
                     if source == CONTEXT:
                         answers.context = drafts
+                    elif source == OWN_ONLY:
+                        answers.context, answers.service, answers.service_done = drafts, _UNASKED, True
                     else:
                         answers.service, answers.service_done = drafts, True
                 if self._answers.get(step_id, _NOTHING_YET).service_done:
@@ -166,7 +176,8 @@ class DrafterLink:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         conn, child = context.Pipe()
-        process = context.Process(target=relay, args=(child, self.target, self.timeout_s, self._tls, os.getpid()),
+        process = context.Process(target=relay, args=(child, self.target, self.timeout_s, self._tls, os.getpid(),
+                                                      self.probe_steps),
                                   name="specd-drafter-link", daemon=True)
         process.start()
         child.close()
@@ -208,9 +219,11 @@ def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) ->
     return {request_id: tokens for request_id, tokens in drafts.items() if tokens}
 
 
-def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int) -> None:
+def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int,
+          probe_steps: int = PROBE_STEPS) -> None:
     """The link process: applies the engine's messages, answers each step from its own copy of the contexts at
-    once, and again with the service's drafts (`ServiceAsker`)."""
+    once, and where ask_rule.py asks the service, again with its drafts (`ServiceAsker`)."""
+    from drafter_service.ask_rule import AskRule
     from drafter_service.client import DrafterClient
     from drafter_service.config import DrafterConfig
     from drafter_service.local import LocalProposer
@@ -222,22 +235,31 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
     sys.setswitchinterval(0.0002)
     sender = _Sender(conn)
     own = LocalProposer(DrafterConfig(memory_scope="off"))  # the memory is the service's, shared by every verifier
-    asker = ServiceAsker(DrafterClient(target, timeout_s=timeout_s, tls=tls), sender.send)
-    contexts: dict[str, list[int]] = {}
+    rule = AskRule(probe_steps)
+
+    def answered(answer) -> None:  # the asker's thread
+        rule.heard(answer[0], answer[2])
+        sender.send(answer)
+    asker = ServiceAsker(DrafterClient(target, timeout_s=timeout_s, tls=tls), answered)
+    contexts: dict[str, DraftRequest] = {}  # each request at its last step
     try:
         while (message := conn.recv())[0] != "close":
             if message[0] == "release":
-                for request_id in message[1]:
-                    contexts.pop(request_id, None)
+                # Their whole contexts, so that the service holds the tokens of steps it was not asked
+                last = [replace(contexts.pop(i), draft_limit=0) for i in message[1] if i in contexts]
                 own.release(message[1])
-                asker.release(message[1])
+                rule.release(message[1])
+                asker.release(message[1], last)
                 continue
             step_id, requests = message[1], _requests(contexts, message[2])
             drafts = {request_id: tokens for request_id, tokens in own.propose(requests).items() if tokens}
-            wanted = any(r.draft_limit > 0 for r in requests)
-            if wanted:
-                sender.send((step_id, CONTEXT, drafts))
-            asker.ask(step_id, requests, drafts if wanted else None)
+            if not rule.should_ask(requests):
+                if any(r.draft_limit > 0 for r in requests):
+                    sender.send((step_id, OWN_ONLY, drafts))
+                continue
+            sender.send((step_id, CONTEXT, drafts))
+            asker.ask(step_id, requests, drafts)
+            rule.asked(step_id, requests, drafts)
     except (EOFError, OSError):
         return  # the engine is gone
     finally:
@@ -256,13 +278,15 @@ class _Sender:
             self._conn.send_bytes(payload)
 
 
-def _requests(contexts: dict[str, list[int]], rows) -> list[DraftRequest]:
+def _requests(contexts: dict[str, DraftRequest], rows) -> list[DraftRequest]:
     """The step's DraftRequests, each context brought up to date with the tokens sent."""
     requests = []
     for request_id, start, new_tokens, draft_limit, min_ngram, max_ngram, tenant_key in rows:
-        tokens = contexts.setdefault(request_id, [])
+        last = contexts.get(request_id)
+        tokens = [] if last is None else last.token_ids
         if start < len(tokens):  # sent afresh: a new list, since the client may still read the old one
-            tokens = contexts[request_id] = tokens[:start]
+            tokens = tokens[:start]
         tokens += new_tokens
-        requests.append(DraftRequest(request_id, tokens, draft_limit, min_ngram, max_ngram, tenant_key))
+        request = contexts[request_id] = DraftRequest(request_id, tokens, draft_limit, min_ngram, max_ngram, tenant_key)
+        requests.append(request)
     return requests

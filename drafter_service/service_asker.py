@@ -16,8 +16,8 @@ import threading
 from drafter_service.batch import DraftRequest
 
 # The link's pipe carries (step_id, source, drafts): CONTEXT, the link's own drafts, at once; then SERVICE, the entries
-# where the service's differ, or FELL_BACK.
-CONTEXT, SERVICE = "context", "service"
+# where the service's differ, or FELL_BACK. OWN_ONLY: the link's own drafts at a step the service was not asked.
+CONTEXT, SERVICE, OWN_ONLY = "context", "service", "own"
 FELL_BACK = None  # the service's answer for a step it did not answer in time
 
 
@@ -49,8 +49,9 @@ class ServiceAsker:
         self._newest = step_id
         self._work.put(("step", step_id, requests, context, ends))
 
-    def release(self, request_ids: list[str]) -> None:
-        self._work.put(("release", request_ids))
+    def release(self, request_ids: list[str], last: list[DraftRequest] = ()) -> None:
+        """`last`: those requests at their last step, whose tokens the service has not been sent go to it first."""
+        self._work.put(("release", request_ids, last))
 
     def close(self) -> None:
         self._work.put(("close",))
@@ -75,7 +76,7 @@ class ServiceAsker:
                     if item[0] == "close":
                         return
                     if item[0] == "release":
-                        client.release(item[1])
+                        client.release(item[1], item[2])
                         continue
                     _, step_id, requests, context, ends = item
                     fallbacks = client.num_fallbacks

@@ -174,7 +174,7 @@ run_as() {  # run_as NAME: the tree, profiler and SPECD_ENGINE_CPU of a run name
     isolate) tree=. engine_cpu=auto ;;
     pin) profiler="taskset -c 0-$(($(nproc) - 2))" ;;
   esac
-  [ "$tree" = . ] || tree=$(variant "$tree")
+  [ "$tree" = . ] || [ -d "$tree" ] || tree=$(variant "$tree")  # a tree carried (.device/old) runs as it is
 }
 
 random_model() {  # random weights of the default model's shapes, with its real tokenizer (.device/model), once
@@ -399,7 +399,7 @@ for part in "$@"; do
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
         run_as "$name" || continue
         # shellcheck disable=SC2086
-        SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_$name" \
+        SPECD_ENGINE_CPU=$engine_cpu PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${name//\//_}" \
           $model --clients 16 --ks 4 --num-requests 384 --no-engine $args
         limit=180
       done ;;

@@ -7,7 +7,8 @@ A drafter service in its own process (bench/drafter.py's), the tree's DrafterLin
 does what an engine scheduling ahead does (verifier_service/engine/engine.py): ask for step n + 1's drafts, let the
 step in flight run (a sleep of --step-ms), then collect step n + 1's answer without waiting. The contexts are
 bench/drafter.py's Workload (copies of earlier spans, 1-4 accepted tokens a step). It prints, per step time and
-batch: the share of steps that got the service's drafts, the link's own (trees without them: 0), none; the engine
+batch: the share of steps that got the service's drafts, whose service was not asked (ask_rule.py; trees before it: 0),
+that got the link's own after missing the service's (trees without them: 0), none; the engine
 thread's microseconds per step in begin_propose and in the collection; and the CPU microseconds per step of the link
 process and of the drafter service, every thread counted. Run it for two trees (PYTHONPATH) to
 compare them on one machine.
@@ -43,7 +44,7 @@ def rhythm(link: DrafterLink, workload: Workload, steps: int, step_s: float, pre
 
     pending, _ = ask()
     begin_s, collect_s = [], []
-    before = link.num_fallbacks, getattr(link, "num_context_drafts", 0)
+    before = link.num_fallbacks, getattr(link, "num_context_drafts", 0), getattr(link, "num_unasked", 0)
     for _ in range(steps):
         time.sleep(step_s)  # the step in flight
         started = time.perf_counter()
@@ -54,9 +55,11 @@ def rhythm(link: DrafterLink, workload: Workload, steps: int, step_s: float, pre
         begin_s.append(asked)
     missed = link.num_fallbacks - before[0]
     own = getattr(link, "num_context_drafts", 0) - before[1]
+    unasked = getattr(link, "num_unasked", 0) - before[2]
     pending.result(wait=False)  # the step asked last, collected at once: not one of the counted steps
     link.release([f"{prefix}{i}" for i in range(len(workload.contexts))])
-    return {"service": 1 - missed / steps, "own": own / steps, "none": (missed - own) / steps,
+    return {"service": 1 - (missed + unasked) / steps, "unasked": unasked / steps, "own": own / steps,
+            "none": (missed - own) / steps,
             "begin_us": 1e6 * statistics.mean(begin_s), "collect_us": 1e6 * statistics.mean(collect_s)}
 
 
@@ -73,10 +76,11 @@ def main() -> None:
     try:
         warm = Workload(1, args.context, random.Random(1))
         for _ in range(50):  # the link process starts, its stream opens (a link that never asks: 5 s)
-            if rhythm(link, warm, 20, 0.002, "warm-")["service"] >= 0.5:
+            row = rhythm(link, warm, 20, 0.002, "warm-")
+            if row["service"] + row["unasked"] >= 0.5:
                 break
             time.sleep(0.1)
-        print(f"{'step ms':>8}{'batch':>6}{'service':>9}{'own':>6}{'none':>6}{'begin us':>10}{'collect us':>11}"
+        print(f"{'step ms':>8}{'batch':>6}{'service':>9}{'unasked':>8}{'own':>6}{'none':>6}{'begin us':>10}{'collect us':>11}"
               f"{'link CPU us':>12}{'drafter CPU us':>15}")
         for step_ms in (float(s) for s in args.step_ms.split(",")):
             for batch in (int(b) for b in args.batches.split(",")):
@@ -85,7 +89,7 @@ def main() -> None:
                 before = [cpu_seconds(pid) for pid in pids]
                 row = rhythm(link, workload, args.steps, step_ms / 1000, f"{step_ms}-{batch}-")
                 link_us, drafter_us = (1e6 * (cpu_seconds(pid) - b) / args.steps for pid, b in zip(pids, before))
-                print(f"{step_ms:>8}{batch:>6}{row['service']:>9.2f}{row['own']:>6.2f}{row['none']:>6.2f}"
+                print(f"{step_ms:>8}{batch:>6}{row['service']:>9.2f}{row['unasked']:>8.2f}{row['own']:>6.2f}{row['none']:>6.2f}"
                       f"{row['begin_us']:>10.0f}{row['collect_us']:>11.0f}{link_us:>12.0f}{drafter_us:>15.0f}",
                       flush=True)
     finally:

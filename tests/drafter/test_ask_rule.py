@@ -1,0 +1,124 @@
+"""Which steps the drafter link asks the drafter service (drafter_service/ask_rule.py): the rule alone, then through a
+real link process in front of a real drafter, with and without its memory of earlier outputs."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from drafter_service.ask_rule import PATIENCE, PROBE_STEPS, AskRule
+from drafter_service.batch import DraftRequest
+from drafter_service.config import DrafterConfig
+from drafter_service.link import DrafterLink
+from drafter_service.local import LocalProposer
+from support.drafter_servers import SERVED_OUTPUT as OUTPUT, ThreadedDrafter, connected, serve_and_release
+
+pytestmark = pytest.mark.timeout(120)
+
+OTHER_PROMPT = [7, 8]
+
+
+def step(rule: AskRule, step_id: int, context: list[int], own: list[int], service: list[int] | None = None,
+         limit: int = 4) -> bool:
+    """One step of request "a" through the rule: whether it was asked; an asked step's answer is heard at once
+    (`service`: the service's drafts, None for the own ones, "missed" for no answer)."""
+    requests = [DraftRequest("a", list(context), limit)]
+    asked = rule.should_ask(requests)
+    if asked:
+        rule.asked(step_id, requests, {"a": own})
+        if service != "missed":
+            rule.heard(step_id, {} if service is None else {"a": service})
+    return asked
+
+
+def test_a_request_is_asked_until_the_service_answers_then_one_step_in_probe_steps():
+    rule, context = AskRule(), [1, 2, 3]
+    assert step(rule, 1, context, own=[], service="missed") and step(rule, 2, context, own=[])  # no answer: again
+    context += [4]
+    asked = [step(rule, n, context + [5] * n, own=[5, 5]) for n in range(3, 3 + 3 * PROBE_STEPS)]
+    assert sum(asked) == 3 and asked.index(True) == PROBE_STEPS - 1  # the own drafts do as well: probes only
+    assert not step(AskRule(), 1, context, own=[], limit=0)  # nobody wants drafts: nothing to ask
+
+
+def test_a_request_whose_service_drafts_match_more_is_asked_every_step_until_they_stop_gaining():
+    rule, context = AskRule(), [1, 2, 3]
+    assert step(rule, 1, context, own=[9], service=[4, 5])  # the service drafts more than the own rule
+    context += [4]  # the own draft is wrong, the service's right: it gained
+    assert all(step(rule, n, context + [5] * (n - 2), own=[5], service=[5]) for n in range(2, 2 + 2 * PATIENCE))
+    # Each of those asks, judged a step later, gained nothing: after PATIENCE of them the request is probed again
+    asked = [step(rule, n, context + [5] * n, own=[5], service=[5]) for n in range(20, 20 + 2 * PROBE_STEPS)]
+    assert sum(asked) == 2
+
+
+def test_a_judgement_waits_until_the_tokens_tell_the_drafts_apart():
+    rule, context = AskRule(), [1, 2, 3]
+    step(rule, 1, context, own=[4, 5, 6], service=[4, 5, 7])
+    assert not step(rule, 2, context + [4, 5], own=[6])  # both matched all of it: not known yet
+    context += [4, 5, 7]
+    assert step(rule, 3, context, own=[6])  # the service's third token matched, the own one did not
+
+
+def ready_link(address: str) -> DrafterLink:
+    """A link whose process has started and whose client has had an answer from the service."""
+    link, deadline = DrafterLink(address, timeout_s=5.0), time.monotonic() + 60
+    while True:
+        fallbacks = link.num_fallbacks
+        link.propose([DraftRequest("warm", [0, 0], 1)])
+        if link.num_fallbacks == fallbacks:
+            link.release(["warm"])
+            return link
+        assert time.monotonic() < deadline, "the link never had the service's answer"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def remembering():
+    with ThreadedDrafter(DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, memory_scope="global")) as drafter:
+        yield drafter
+
+
+def test_the_memorys_drafts_reach_every_step_once_they_gain(remembering):
+    other_verifier = connected(remembering.address)
+    serve_and_release(other_verifier, "earlier")  # its output is in the memory now
+    link = ready_link(remembering.address)
+    try:
+        context = OTHER_PROMPT + OUTPUT[:6]  # nothing in it repeats: only the memory drafts
+        drafts = [link.propose([DraftRequest("b", context + OUTPUT[6:6 + n], 4)]) for n in range(5)]
+    finally:
+        link.close()
+        other_verifier.close()
+    assert drafts == [{"b": OUTPUT[6 + n:10 + n]} for n in range(5)]
+    assert link.num_unasked == 0
+
+
+def test_without_a_memory_the_service_is_asked_one_step_in_probe_steps_and_the_drafts_are_the_same():
+    with ThreadedDrafter(DrafterConfig(host="127.0.0.1", port=0, metrics_port=0, memory_scope="off")) as drafter:
+        link = ready_link(drafter.address)
+        try:
+            context = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+            steps = 4 * PROBE_STEPS
+            drafts = [link.propose([DraftRequest("c", context + [3, 4, 1, 2] * n, 4)]) for n in range(steps)]
+        finally:
+            link.close()
+    own = LocalProposer(DrafterConfig(memory_scope="off"))
+    assert drafts == [{"c": own.propose([DraftRequest(f"own{n}", context + [3, 4, 1, 2] * n, 4)])[f"own{n}"]}
+                      for n in range(steps)]
+    assert steps - 6 <= link.num_unasked < steps - 1
+
+
+def test_a_released_requests_tokens_the_service_was_not_asked_about_still_reach_its_memory(remembering):
+    output = list(range(300, 324))
+    link, reader = ready_link(remembering.address), connected(remembering.address)
+    try:
+        for n in range(1, len(output) + 1):  # its first step asked, then one in PROBE_STEPS
+            link.propose([DraftRequest("r", OTHER_PROMPT + output[:n], 4)])
+        assert link.num_unasked >= len(output) - 6
+        link.release(["r"])
+        deadline, tail = time.monotonic() + 20, output[-8:-4]  # drafted from the memory: its last 4 tokens
+        while (drafts := reader.propose([DraftRequest("q", [9, 9] + tail, 4)])) != {"q": output[-4:]}:
+            reader.release(["q"])
+            assert time.monotonic() < deadline, drafts
+            time.sleep(0.05)  # the release is on another stream: not applied yet
+    finally:
+        link.close()
+        reader.close()
