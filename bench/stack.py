@@ -73,6 +73,7 @@ class Row:
     step_ms: float = float("nan")  # the engine's mean step (specd_step_seconds), whatever its stages
     late: float = float("nan")  # share of the engine's steps whose drafts the drafter did not deliver in time
     own: float = float("nan")  # share of the engine's steps its drafter link drafted from its own copy instead
+    unasked: float = float("nan")  # share whose drafter service the link did not ask (SPECD_DRAFTER_PROBE_STEPS)
     stalls: int = 0  # the verifier's steps over 10x their kind's median (specd_step_stalls_total)
     engine_steps: int = 0  # the verifier's steps (specd_step_seconds_count)
     forwards: dict[str, float] = field(default_factory=dict)  # forward passes by path: graph, piecewise, eager
@@ -148,7 +149,7 @@ def verifier_counters(metrics_url: str) -> dict[str, float]:
                 values[f"forwards {sample.labels['path']}"] = sample.value
             elif sample.name in ("specd_spec_decode_num_draft_tokens_total",
                                  "specd_spec_decode_num_accepted_tokens_total", "specd_drafter_fallbacks_total",
-                                 "specd_drafter_context_drafts_total"):
+                                 "specd_drafter_context_drafts_total", "specd_drafter_unasked_steps_total"):
                 values[sample.name] = sample.value
     return values
 
@@ -182,6 +183,8 @@ def stack_run(args, stack, http_port: int, metrics_url: str, prompts: list[str],
     fallbacks, own = "specd_drafter_fallbacks_total", "specd_drafter_context_drafts_total"
     row.late = (after.get(fallbacks, 0) - before.get(fallbacks, 0)) / steps
     row.own = (after.get(own, 0) - before.get(own, 0)) / steps
+    unasked = "specd_drafter_unasked_steps_total"
+    row.unasked = (after.get(unasked, 0) - before.get(unasked, 0)) / steps
     row.stalls, row.engine_steps = int(after.get("stalls", 0) - before.get("stalls", 0)), int(steps)
     row.cpu_us_per_token = {s: 1e6 * (after_cpu[s] - before_cpu[s]) / max(row.tokens, 1) for s in SERVICES}
     row.forwards = {path: after.get(f"forwards {path}", 0) - before.get(f"forwards {path}", 0) for path in PATHS}
@@ -353,7 +356,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
     hf_best = {0: hf.get(0), 1: max((v for k, v in hf.items() if k), default=None)}  # plain; best prompt lookup
     print(f"\n{'run':<18}{'tok/s':>9}{'/engine':>8}{'/k=0':>6}{'/HF':>6}{'TTFT p50/p99':>14}{'ver TTFT':>9}"
           f"{'gap p50/p99':>13}"
-          f"{'req p50/p99':>14}{'err':>5}{'stalls/steps':>13}{'tok/step':>9}{'acc/prop':>9}{'late':>6}{'own':>6}{'step ms':>8}  {'stage ms propose/score/verify':<30}"
+          f"{'req p50/p99':>14}{'err':>5}{'stalls/steps':>13}{'tok/step':>9}{'acc/prop':>9}{'late':>6}{'own':>6}{'unasked':>8}{'step ms':>8}  {'stage ms propose/score/verify':<30}"
           f"{'CPU us/token gw/ver/dr':>24}{'forwards graph/piece/eager':>28}")
     for r in rows:
         versus_engine = engine.get((r.clients, r.k))
@@ -370,7 +373,7 @@ def print_table(rows: list[Row], flush: bool = False) -> None:
               f"{_p(r.ttft, 50):>7.1f}/{_p(r.ttft, 99):<6.0f}{r.verifier_ttft_ms:>9.1f}"
               f"{_p(r.gaps, 50):>6.2f}/{_p(r.gaps, 99):<6.1f}"
               f"{_p(r.latency, 50):>7.0f}/{_p(r.latency, 99):<6.0f}{r.errors:>5}{stalls:>13}"
-              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}{r.own:>6.2f}{r.step_ms:>8.2f}  "
+              f"{r.tokens / max(r.steps, 1):>9.2f}{r.accepted_tokens / max(r.draft_tokens, 1):>9.2f}{r.late:>6.2f}{r.own:>6.2f}{r.unasked:>8.2f}{r.step_ms:>8.2f}  "
               f"{stages:<30}{cpu:>24}{forwards:>28}",
               flush=flush)
 

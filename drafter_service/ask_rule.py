@@ -1,16 +1,21 @@
 """Which steps the drafter link asks the drafter service: a request's first step, every step of a request whose
-service drafts lately predicted it better than the link's own, and one step in PROBE_STEPS otherwise.
+service drafts lately predicted it better than the link's own, and one step in `probe_steps` otherwise
+(SPECD_DRAFTER_PROBE_STEPS: 1, the default, asks every step; 8 is the rule this file was written for, experimental
+until it is measured on a GPU, docs/BENCHMARKS.md round 47).
 
 Asking costs the host about 1 ms of CPU a step, in the link process and the drafter together, where the link's own
 drafts cost 0.1-0.2 ms (tools/link_rhythm.py on the 2-core machine, docs/BENCHMARKS.md rounds 46-47); on a GPU host
 that CPU is spent beside the engine thread while it launches the step. For most traffic the service answers what the
 link already drafted: its rule over the same context is the link's, and only its memory of earlier outputs (or a
 drafting rule configured otherwise) adds drafts of its own. So the service is asked where it has shown it adds:
+- a request's first step, whether or not it wants drafts: the service takes what it holds of a context at first
+  sight for its prompt, and remembers the rest at release as its output (the asker sends such a step even once a
+  newer one is asked);
 - a request's steps until the service has answered one of them, since a repeated prompt's output is in the memory
   from its first token on;
 - every step of a request whose service drafts matched more of the tokens it went on with than the own ones did,
   until PATIENCE of its judged asks in a row gain nothing;
-- one step in PROBE_STEPS otherwise, which finds a memory that starts to help and keeps the service's copies of the
+- one step in `probe_steps` otherwise, which finds a memory that starts to help and keeps the service's copies of the
   contexts at most that many steps behind (a released request's last tokens go to the service before its release,
   drafter_service/client.py, so the memory keeps its output whole).
 A step not asked is answered by the own drafts alone, at once and finally.
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 
 from drafter_service.batch import DraftRequest
 
-PROBE_STEPS = 8  # asking every step costs ~8x the link's CPU; a memory that starts to help is found this many steps late
+PROBE_STEPS = 8  # the experimental setting: a memory that starts to help is found up to this many steps late
 PATIENCE = 8  # judged asks in a row without a gain before a request's steps are no longer all asked
 
 
@@ -43,10 +48,11 @@ class _Asked:
 class AskRule:
     """The link process's: its main thread asks should_ask / asked / release, its asker thread tells heard."""
 
-    def __init__(self, probe_steps: int = PROBE_STEPS, patience: int = PATIENCE) -> None:
+    def __init__(self, probe_steps: int, patience: int = PATIENCE) -> None:
         self.probe_steps, self.patience = probe_steps, patience
         self._asked: dict[str, _Asked] = {}  # per request: its drafts at an asked step, not judged yet
         self._seen: set[str] = set()  # requests the service has answered for at least once
+        self._sighted: set[str] = set()  # requests in a step asked (the asker sends every step that brings one)
         self._gaining: dict[str, int] = {}  # requests whose service drafts gained: judged asks left without a gain
         self._since_ask = 0
         self._heard: queue.SimpleQueue[tuple[int, dict[str, list[int]] | None]] = queue.SimpleQueue()
@@ -57,22 +63,23 @@ class AskRule:
         self._heard.put((step_id, differences))
 
     def should_ask(self, requests: Sequence[DraftRequest]) -> bool:
-        """Whether the service is asked this step (never where no request wants drafts)."""
+        """Whether the service is asked this step."""
         self._take_answers()
         self._judge(requests)
         self._since_ask += 1
         wanted = [r.request_id for r in requests if r.draft_limit > 0]
-        if not wanted:
-            return False
-        if self._since_ask < self.probe_steps and all(i in self._seen and i not in self._gaining for i in wanted):
-            return False
-        self._since_ask = 0
-        return True
+        ask = (any(r.request_id not in self._sighted for r in requests)
+               or any(i not in self._seen or i in self._gaining for i in wanted)
+               or (bool(wanted) and self._since_ask >= self.probe_steps))
+        if ask:
+            self._since_ask = 0
+        return ask
 
     def asked(self, step_id: int, requests: Sequence[DraftRequest], own: dict[str, list[int]]) -> None:
         """Keeps an asked step's own drafts to judge the service's against (a drafts pair already answered stays
         until it is judged)."""
         for r in requests:
+            self._sighted.add(r.request_id)
             if r.draft_limit > 0:
                 kept = self._asked.get(r.request_id)
                 if kept is None or kept.service is None:
@@ -82,6 +89,7 @@ class AskRule:
         for request_id in request_ids:
             self._asked.pop(request_id, None)
             self._seen.discard(request_id)
+            self._sighted.discard(request_id)
             self._gaining.pop(request_id, None)
 
     def _take_answers(self) -> None:

@@ -194,7 +194,7 @@ class DrafterClient:
         keeps their outputs whole (a caller that does not ask every step, drafter_service/ask_rule.py)."""
         stream = self._current_stream()
         sent = self._sent_lengths
-        behind = [r for r in last if 0 < sent.get(r.request_id, 0) < len(r.token_ids)]
+        behind = [r for r in last if sent.get(r.request_id, 0) < len(r.token_ids)]
         if behind and stream is not None:
             stream.outbox.put(self._step(0, behind))  # step_id 0: nobody awaits its reply
         held = [i for i in request_ids if sent.pop(i, None) is not None]

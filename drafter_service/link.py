@@ -8,9 +8,9 @@ message per step (each context's new tokens since the last) and reads the replie
 (specd/pipe_frames.py: the propose stage at one client fell from 0.07-0.08 to 0.03 ms on an H200, round 41).
 
 The link process answers each step at once from its own copy of the contexts: the drafter's rule over each request's
-own context (drafter_service/local.py, no memory), a pipe hop away. Where it asks the drafter service too (ask_rule.py:
-a request's first step, the steps of a request whose service drafts have lately predicted it better, one step in
-eight otherwise), it answers again with the service's answer, as the entries where it differs (its memory of
+own context (drafter_service/local.py, no memory), a pipe hop away. Where it asks the drafter service too (every
+step by default; under SPECD_DRAFTER_PROBE_STEPS=N, ask_rule.py: a request's first step, the steps of a request whose
+service drafts have lately predicted it better, one step in N otherwise), it answers again with the service's answer, as the entries where it differs (its memory of
 earlier outputs), or None where it failed or was past its deadline; not at all once a newer step has been asked
 (service_asker.py). A step not asked has the own answer as its final one. A GPU step of a small model takes under a
 millisecond, about what the service's round trip takes (through two processes and gRPC): the service's answer
@@ -32,9 +32,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from drafter_service.ask_rule import PROBE_STEPS
 from drafter_service.batch import DraftRequest
 from drafter_service.service_asker import CONTEXT, OWN_ONLY
+from specd import environment
 from specd.engine_cpu import step_aside
 from specd.pipe_frames import PipeReader, pickled
 from specd.serving import TlsConfig
@@ -72,10 +72,11 @@ class DrafterLink:
     """Proposer backed by the drafter service, through a link process that holds the gRPC client."""
 
     def __init__(self, target: str, *, timeout_s: float = 0.005, tls: TlsConfig | None = None,
-                 probe_steps: int = PROBE_STEPS) -> None:
+                 probe_steps: int | None = None) -> None:
         """`timeout_s` is the per-step deadline (the CLI's --drafter-timeout-ms / 1000); `probe_steps`: the service is
-        asked at least one step in this many (ask_rule.py; 1 asks every step)."""
-        self.target, self.timeout_s, self._tls, self.probe_steps = target, timeout_s, tls, probe_steps
+        asked at least one step in this many (ask_rule.py; None: SPECD_DRAFTER_PROBE_STEPS, 1 asks every step)."""
+        self.target, self.timeout_s, self._tls = target, timeout_s, tls
+        self.probe_steps = environment.drafter_probe_steps() if probe_steps is None else probe_steps
         self.num_fallbacks = 0  # steps that wanted drafts and missed the service's answer (or the link's)
         self.num_context_drafts = 0  # of those, steps drafted from the link's own copy of the contexts
         self.num_unasked = 0  # steps that wanted drafts and whose service was not asked (the own drafts final)
@@ -219,8 +220,7 @@ def _merged(context: dict[str, list[int]], differences: dict[str, list[int]]) ->
     return {request_id: tokens for request_id, tokens in drafts.items() if tokens}
 
 
-def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int,
-          probe_steps: int = PROBE_STEPS) -> None:
+def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid: int, probe_steps: int) -> None:
     """The link process: applies the engine's messages, answers each step from its own copy of the contexts at
     once, and where ask_rule.py asks the service, again with its drafts (`ServiceAsker`)."""
     from drafter_service.ask_rule import AskRule
@@ -253,12 +253,17 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
                 continue
             step_id, requests = message[1], _requests(contexts, message[2])
             drafts = {request_id: tokens for request_id, tokens in own.propose(requests).items() if tokens}
+            wanted = any(r.draft_limit > 0 for r in requests)
             if not rule.should_ask(requests):
-                if any(r.draft_limit > 0 for r in requests):
+                if wanted:
                     sender.send((step_id, OWN_ONLY, drafts))
                 continue
-            sender.send((step_id, CONTEXT, drafts))
-            asker.ask(step_id, requests, drafts)
+            if wanted:
+                sender.send((step_id, CONTEXT, drafts))
+            # Each context's length now: the lists grow in place with the next steps' tokens before the asker sends
+            # this one, and what the service holds at first sight is the prompt, the rest the output it remembers
+            asker.ask(step_id, requests, drafts if wanted else None, [len(r.token_ids) for r in requests],
+                      keep=any(row[1] == 0 for row in message[2]))
             rule.asked(step_id, requests, drafts)
     except (EOFError, OSError):
         return  # the engine is gone

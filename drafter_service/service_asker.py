@@ -43,11 +43,13 @@ class ServiceAsker:
         self._thread.start()
 
     def ask(self, step_id: int, requests: list[DraftRequest], context: dict[str, list[int]] | None,
-            ends: list[int] | None = None) -> None:
+            ends: list[int] | None = None, keep: bool = False) -> None:
         """Queue a step; `context` is the own answer to it (None: nobody wants drafts, so none is sent); ends: each
-        context's length at the step, where the contexts' lists grow meanwhile (None: they do not)."""
+        context's length at the step, where the contexts' lists grow meanwhile (None: they do not); keep: sent even
+        once a newer step is asked (without waiting for its answer), as a step that brings the service a request's
+        prompt must be."""
         self._newest = step_id
-        self._work.put(("step", step_id, requests, context, ends))
+        self._work.put(("step", step_id, requests, context, ends, keep))
 
     def release(self, request_ids: list[str], last: list[DraftRequest] = ()) -> None:
         """`last`: those requests at their last step, whose tokens the service has not been sent go to it first."""
@@ -66,7 +68,7 @@ class ServiceAsker:
             except queue.Empty:
                 break
         newest = max((i for i, item in enumerate(work) if item[0] == "step"), default=None)
-        return [item for i, item in enumerate(work) if item[0] != "step" or i == newest]
+        return [item for i, item in enumerate(work) if item[0] != "step" or i == newest or item[5]]
 
     def _run(self) -> None:
         client = self._client
@@ -78,7 +80,10 @@ class ServiceAsker:
                     if item[0] == "release":
                         client.release(item[1], item[2])
                         continue
-                    _, step_id, requests, context, ends = item
+                    _, step_id, requests, context, ends, _ = item
+                    if step_id != self._newest:  # kept, but a newer step is asked: its answer would be read in vain
+                        client.begin_propose(requests, ends)
+                        continue
                     fallbacks = client.num_fallbacks
                     drafts = client.propose(requests, ends)
                     if context is not None and step_id == self._newest:  # an older step's answer is read in vain

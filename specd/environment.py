@@ -27,6 +27,7 @@ TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
 TENSOR_PARALLEL_ALL_REDUCE = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
 TEST_CACHE = "SPECD_TEST_CACHE"
 ENGINE_CPU = "SPECD_ENGINE_CPU"
+DRAFTER_PROBE_STEPS = "SPECD_DRAFTER_PROBE_STEPS"
 
 
 def _get(name: str) -> str | None:
@@ -143,6 +144,15 @@ def engine_cpu() -> str:
     if value not in ("off", "auto") and not value.isdigit():
         raise ValueError(f"{ENGINE_CPU}={value!r}: expected off, auto or a CPU's number")
     return value
+
+
+def drafter_probe_steps() -> int:
+    """How seldom the drafter link asks the service about a request its memory does not help (1, the default: every
+    step; drafter_service/ask_rule.py)."""
+    value = _get(DRAFTER_PROBE_STEPS) or "1"
+    if not value.isdigit() or not 1 <= int(value) <= 1000:
+        raise ValueError(f"{DRAFTER_PROBE_STEPS}={value!r}: expected a whole number in 1..1000")
+    return int(value)
 
 
 def tensor_parallel_timeout_s(default: float) -> float:

@@ -7,7 +7,7 @@ engine process (spawn: CUDA is only ever initialised there), and the two exchang
     serving -> engine   ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
     engine -> serving   ("ready", ModelLimits) | ("startup_error", line) | ("failed", message) once, then per step
                         ("step", outputs, step_stats, load, num_added, drafter_counts) (outputs as columns:
-                        step_message.py; drafter_counts: the proposer's running fallback and context-draft totals),
+                        step_message.py; drafter_counts: the proposer's running fallback, context-draft and unasked-step totals),
                         ("load", load, num_added) after additions or aborts between steps,
                         ("rank_failure", reason) when a tensor-parallel rank dies or hangs
 
@@ -211,8 +211,9 @@ def _load(config, send, engine_cpu: int | None):
     warm_up(engine)
     freeze_start_up_objects()
     logger.info("model loaded and warmed up in %.1f s", time.monotonic() - started)
-    def drafter_counts() -> tuple[int, int]:  # only the service's client falls back; only its link drafts itself
-        return getattr(drafter, "num_fallbacks", 0), getattr(drafter, "num_context_drafts", 0)
+    def drafter_counts() -> tuple[int, int, int]:  # only the service's client falls back; only its link drafts itself
+        return (getattr(drafter, "num_fallbacks", 0), getattr(drafter, "num_context_drafts", 0),
+                getattr(drafter, "num_unasked", 0))
     step_items: list = []
 
     def after_step() -> None:

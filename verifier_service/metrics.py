@@ -75,6 +75,10 @@ class VerifierMetrics:
                                               "Steps the drafter's answer missed that the verifier drafted from the "
                                               "requests' own contexts instead (the verifier's own copy of them, "
                                               "the drafter link's on CUDA; no memory of earlier outputs).")
+        self.drafter_unasked_steps = counter("drafter_unasked_steps",
+                                             "Steps whose drafts the drafter link took from the requests' own "
+                                             "contexts without asking the drafter service, which had added nothing "
+                                             "for them lately (SPECD_DRAFTER_PROBE_STEPS above 1).")
         self.steps_scheduled_ahead = counter("steps_scheduled_ahead",
                                              "Steps that launched the next step before their own tokens reached "
                                              "the host (async scheduling).")
@@ -92,17 +96,18 @@ class VerifierMetricsExporter:
     def __init__(self, metrics: VerifierMetrics, interval_log: SpecDecodeIntervalLog | None = None,
                  stall_log: StepStallLog | None = None) -> None:
         self._metrics = metrics
-        self._exported = [0, 0]  # the drafter counts exported so far: fallbacks, context drafts
+        self._exported = [0, 0, 0]  # the drafter counts exported so far: fallbacks, context drafts, unasked steps
         self._interval_log = interval_log if interval_log is not None else SpecDecodeIntervalLog()
         self._stall_log = stall_log if stall_log is not None else StepStallLog()
 
-    def export(self, steps: list, load, fallbacks: int, context_drafts: int = 0) -> None:
-        """The steps' stats since the last call, the load now, and the proposer's running totals of fallbacks and of
-        steps drafted from the link's own contexts."""
+    def export(self, steps: list, load, fallbacks: int, context_drafts: int = 0, unasked: int = 0) -> None:
+        """The steps' stats since the last call, the load now, and the proposer's running totals of fallbacks, of
+        steps drafted from the link's own contexts after missing the service, and of steps it did not ask."""
         for step in steps:
             self._export_step(step)
-        counters = (self._metrics.drafter_fallbacks, self._metrics.drafter_context_drafts)
-        for index, (counter, total) in enumerate(zip(counters, (fallbacks, context_drafts))):
+        counters = (self._metrics.drafter_fallbacks, self._metrics.drafter_context_drafts,
+                    self._metrics.drafter_unasked_steps)
+        for index, (counter, total) in enumerate(zip(counters, (fallbacks, context_drafts, unasked))):
             if total > self._exported[index]:
                 counter.inc(total - self._exported[index])
                 self._exported[index] = total

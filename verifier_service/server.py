@@ -19,9 +19,10 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from specd import stop_signals
+from specd import environment, stop_signals
 from specd.engine_cpu import choose as choose_engine_cpu
 from specd.serving import GrpcServer
+from specd.startup_errors import StartupError
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engine_process import EngineClient
@@ -47,6 +48,10 @@ async def serve_async(config: VerifierConfig) -> None:
 
 async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
     engine_cpu = choose_engine_cpu(config.engine.device, config.engine.tensor_parallel_size)  # refused before any port
+    try:
+        environment.drafter_probe_steps()  # read by the drafter link in the engine process: refused here, before it
+    except ValueError as error:
+        raise StartupError(str(error)) from None
     registry = CollectorRegistry()
     # Registered before the ports open, so /metrics has every family while the model loads.
     metrics = VerifierMetrics(registry, max_speculative_tokens=config.engine.speculative_tokens_limit)

@@ -19,6 +19,7 @@ VERIFIER_FAMILIES = {
     "specd_num_preemptions": "counter",
     "specd_drafter_fallbacks": "counter",
     "specd_drafter_context_drafts": "counter",  # beyond docs/PUBLIC_SURFACE.md's list: the link's own drafts
+    "specd_drafter_unasked_steps": "counter",  # beyond docs/PUBLIC_SURFACE.md's list: steps the link did not ask
     "specd_steps_scheduled_ahead": "counter",  # beyond docs/PUBLIC_SURFACE.md: async scheduling
     "specd_forward_passes": "counter",  # beyond docs/PUBLIC_SURFACE.md: label path (graph | eager)
 }
