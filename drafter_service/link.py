@@ -9,12 +9,12 @@ message per step (each context's new tokens since the last) and reads the replie
 
 The link process answers each step at once from its own copy of the contexts: the drafter's rule over each request's
 own context (drafter_service/local.py, no memory), a pipe hop away. Where it asks the drafter service too (every
-step by default; under SPECD_DRAFTER_PROBE_STEPS=N, ask_rule.py: a request's first step, the steps of a request whose
-service drafts have lately predicted it better, one step in N otherwise), it answers again with the service's answer, as the entries where it differs (its memory of
-earlier outputs), or None where it failed or was past its deadline; not at all once a newer step has been asked
-(service_asker.py). A step not asked has the own answer as its final one. A GPU step of a small model takes under a
-millisecond, about what the service's round trip takes (through two processes and gRPC): the service's answer
-missed 26-63% of the steps at one client (round 31). The own answer is there in time, so a late or dead drafter
+step by default; under SPECD_DRAFTER_PROBE_STEPS=N where ask_rule.py finds that the service adds), it answers again
+with the service's answer, as the entries where it differs (its memory of earlier outputs), or None where it failed
+or was past its deadline; not at all once a newer step has been asked (service_asker.py). A step not asked has the
+own answer as its final one. A GPU step of a small model takes under a millisecond, about what the service's round
+trip takes (through two processes and gRPC): the service's answer missed 26-63% of the steps at one client (round
+31). The own answer is there in time, so a late or dead drafter
 service costs the memory's drafts, not the context's.
 
 `DrafterLink` is a Proposer (verifier_service/engine/proposer.py) with `begin_propose`, like the client. A link
@@ -254,7 +254,7 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
             step_id, requests = message[1], _requests(contexts, message[2])
             drafts = {request_id: tokens for request_id, tokens in own.propose(requests).items() if tokens}
             wanted = any(r.draft_limit > 0 for r in requests)
-            if not rule.should_ask(requests):
+            if not rule.should_ask(requests, drafts):
                 if wanted:
                     sender.send((step_id, OWN_ONLY, drafts))
                 continue

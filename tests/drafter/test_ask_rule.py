@@ -29,7 +29,7 @@ def step(rule: AskRule, step_id: int, context: list[int], own: list[int], servic
     """One step of request "a" through the rule: whether it was asked; an asked step's answer is heard at once
     (`service`: the service's drafts, None for the own ones, "missed" for none)."""
     requests = [DraftRequest("a", list(context), limit)]
-    asked = rule.should_ask(requests)
+    asked = rule.should_ask(requests, {"a": own} if own else {})
     if asked:
         rule.asked(step_id, requests, {"a": own})
         if service != "missed":
@@ -43,20 +43,37 @@ def test_a_request_is_asked_until_the_service_answers_then_one_step_in_probe_ste
     context += [4]
     asked = [step(rule, n, context + [5] * n, own=[5, 5]) for n in range(3, 3 + 3 * PROBE_STEPS)]
     assert sum(asked) == 3 and asked.index(True) == PROBE_STEPS - 1  # the own drafts do as well: probes only
-    rule = AskRule(PROBE_STEPS)  # a request that wants no drafts: sent once, for the service to see its prompt, then never
+    rule = AskRule(PROBE_STEPS)  # one that wants no drafts: sent once, for the service to see its prompt, then never
     assert [step(rule, n, context + [5] * n, own=[], limit=0) for n in range(1, 3 * PROBE_STEPS)] == [True] + [
         False] * (3 * PROBE_STEPS - 2)
 
 
 
-def test_a_request_whose_service_drafts_match_more_is_asked_every_step_until_they_stop_gaining():
+def test_a_request_whose_service_drafts_match_more_is_asked_every_step_until_they_go_wrong():
     rule, context = AskRule(PROBE_STEPS), [1, 2, 3]
     assert step(rule, 1, context, own=[9], service=[4, 5])  # the service drafts more than the own rule
     context += [4]  # the own draft is wrong, the service's right: it gained
+    # Both drafts right, or both run out: a tie, which keeps the request asked every step
     assert all(step(rule, n, context + [5] * (n - 2), own=[5], service=[5]) for n in range(2, 2 + 2 * PATIENCE))
-    # Each of those asks, judged a step later, gained nothing: after PATIENCE of them the request is probed again
-    asked = [step(rule, n, context + [5] * n, own=[5], service=[5]) for n in range(20, 20 + 2 * PROBE_STEPS)]
-    assert sum(asked) == 2
+    context += [5] * (2 * PATIENCE)
+    # The service's drafts go wrong where the own ones, as long as allowed, do not: after PATIENCE of those, one step
+    # in PROBE_STEPS
+    asked = [step(rule, n, context + [5] * n, own=[5], service=[6], limit=1)
+             for n in range(1, 1 + PATIENCE + 2 * PROBE_STEPS)]
+    assert asked == [True] * PATIENCE + ([False] * (PROBE_STEPS - 1) + [True]) * 2
+
+
+def test_once_the_service_has_gained_a_step_the_own_rule_drafts_short_for_is_asked():
+    rule, context = AskRule(PROBE_STEPS), [1, 2, 3]
+    step(rule, 1, context, own=[7])  # the service drafts what the own rule does
+    assert not any(step(rule, n, context + [n], own=[]) for n in range(2, 5))  # never gained: probes only
+    rule.release(["a"])
+    step(rule, 1, context, own=[9], service=[4])
+    step(rule, 2, context + [4], own=[9], service=[9])  # gained: asked every step...
+    for n in range(3, 3 + PATIENCE):
+        step(rule, n, context + [4] + [9] * (n - 2), own=[9], service=[8])  # ...until its drafts went wrong
+    assert not step(rule, 20, context + [4] + [9] * 20, own=[9] * 4)
+    assert step(rule, 21, context + [4] + [9] * 21, own=[9])  # the own rule runs out before the limit (4): ask
 
 
 def test_a_judgement_waits_until_the_tokens_tell_the_drafts_apart():
