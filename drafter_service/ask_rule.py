@@ -60,7 +60,7 @@ class AskRule:
         self._asked: dict[str, _Asked] = {}  # per request: its drafts at an asked step, not judged yet
         self._seen: set[str] = set()  # requests the service has answered for at least once
         self._sighted: set[str] = set()  # requests in a step asked (the asker sends every step that brings one)
-        self._gaining: dict[str, int] = {}  # requests whose service drafts gained: judged asks left without a gain
+        self._gaining: dict[str, int] = {}  # requests whose service drafts gained: asks left whose drafts may go wrong
         self._since_ask = 0
         self._service_gained = False  # whether the service's drafts ever gained (its memory helps this traffic)
         self._heard: queue.SimpleQueue[tuple[int, dict[str, list[int]] | None]] = queue.SimpleQueue()
