@@ -57,6 +57,7 @@ class AskRule:
 
     def __init__(self, probe_steps: int, patience: int = PATIENCE) -> None:
         self.probe_steps, self.patience = probe_steps, patience
+        self._judging = probe_steps > 1  # with 1 every step that wants drafts is asked: nothing to judge
         self._asked: dict[str, _Asked] = {}  # per request: its drafts at an asked step, not judged yet
         self._seen: set[str] = set()  # requests the service has answered for at least once
         self._sighted: set[str] = set()  # requests in a step asked (the asker sends every step that brings one)
@@ -68,12 +69,14 @@ class AskRule:
     def heard(self, step_id: int, differences: dict[str, list[int]] | None) -> None:
         """The asker's thread: the service's answer to a step (the entries where it differs from the own drafts), or
         None where it missed the step."""
-        self._heard.put((step_id, differences))
+        if self._judging:
+            self._heard.put((step_id, differences))
 
     def should_ask(self, requests: Sequence[DraftRequest], own: dict[str, list[int]]) -> bool:
         """Whether the service is asked this step, given the own drafts for it."""
-        self._take_answers()
-        self._judge(requests)
+        if self._judging:
+            self._take_answers()
+            self._judge(requests)
         self._since_ask += 1
         wanted = [r.request_id for r in requests if r.draft_limit > 0]
         ask = (any(r.request_id not in self._sighted for r in requests)
@@ -84,15 +87,20 @@ class AskRule:
             self._since_ask = 0
         return ask
 
-    def asked(self, step_id: int, requests: Sequence[DraftRequest], own: dict[str, list[int]]) -> None:
+    def asked(self, step_id: int, requests: Sequence[DraftRequest], own: dict[str, list[int]]) -> bool:
         """Keeps an asked step's own drafts to judge the service's against (a drafts pair already answered stays
-        until it is judged)."""
+        until it is judged); returns whether the step brings the service a request it has not seen, which the asker
+        must send even once a newer step is asked."""
+        brings_new = False
         for r in requests:
-            self._sighted.add(r.request_id)
-            if r.draft_limit > 0:
+            if r.request_id not in self._sighted:
+                self._sighted.add(r.request_id)
+                brings_new = True
+            if self._judging and r.draft_limit > 0:
                 kept = self._asked.get(r.request_id)
                 if kept is None or kept.service is None:
                     self._asked[r.request_id] = _Asked(step_id, len(r.token_ids), own.get(r.request_id, []))
+        return brings_new
 
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:

@@ -260,11 +260,11 @@ def relay(conn, target: str, timeout_s: float, tls: TlsConfig | None, parent_pid
                 continue
             if wanted:
                 sender.send((step_id, CONTEXT, drafts))
+            brings_new = rule.asked(step_id, requests, drafts)
             # Each context's length now: the lists grow in place with the next steps' tokens before the asker sends
             # this one, and what the service holds at first sight is the prompt, the rest the output it remembers
             asker.ask(step_id, requests, drafts if wanted else None, [len(r.token_ids) for r in requests],
-                      keep=any(row[1] == 0 for row in message[2]))
-            rule.asked(step_id, requests, drafts)
+                      keep=brings_new)
     except (EOFError, OSError):
         return  # the engine is gone
     finally:

@@ -7,7 +7,8 @@ engine process (spawn: CUDA is only ever initialised there), and the two exchang
     serving -> engine   ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
     engine -> serving   ("ready", ModelLimits) | ("startup_error", line) | ("failed", message) once, then per step
                         ("step", outputs, step_stats, load, num_added, drafter_counts) (outputs as columns:
-                        step_message.py; drafter_counts: the proposer's running fallback, context-draft and unasked-step totals),
+                        step_message.py; drafter_counts: the proposer's running fallback, context-draft and
+                        unasked-step totals),
                         ("load", load, num_added) after additions or aborts between steps,
                         ("rank_failure", reason) when a tensor-parallel rank dies or hangs
 
