@@ -155,7 +155,6 @@ class Stack:
     with_drafter: bool = True  # False: verifiers run with --drafter-addr none
     extra_args: tuple[str, ...] = ("--device", "cpu", "--dtype", "float32")
     client_tls: TlsConfig | None = None  # for health checks when extra_args turn TLS on
-    extra_env: dict[str, str] = field(default_factory=dict)  # SPECD_* settings every service gets
     services: dict[str, Service] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specd-stack-")))
 
@@ -185,7 +184,7 @@ class Stack:
         inherited = os.environ.get("PYTHONPATH")  # packages kept in a folder of their own, as on the GPU machine
         env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{inherited}" if inherited else str(REPO_ROOT)
         env.setdefault("OMP_NUM_THREADS", "2")
-        return {**env, **self.extra_env}
+        return env
 
     @property
     def gateway_address(self) -> str:

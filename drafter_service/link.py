@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from drafter_service.batch import DraftRequest
 from drafter_service.service_asker import CONTEXT, OWN_ONLY
 from specd import environment
-from specd.engine_cpu import step_aside
 from specd.pipe_frames import PipeReader, pickled
 from specd.serving import TlsConfig
 
@@ -207,7 +206,6 @@ class DrafterLink:
         self._answers.clear()
 
         def restart() -> None:
-            step_aside()  # started by the engine thread: off its CPU, as the link process must be
             self._start()
             self._starting = None
         self._starting = threading.Thread(target=restart, name="drafter-link-restart", daemon=True)

@@ -26,7 +26,6 @@ TENSOR_PARALLEL_TIMEOUT_S = "SPECD_TENSOR_PARALLEL_TIMEOUT_S"
 TENSOR_PARALLEL_DUMP_S = "SPECD_TENSOR_PARALLEL_DUMP_S"
 TENSOR_PARALLEL_ALL_REDUCE = "SPECD_TENSOR_PARALLEL_ALL_REDUCE"
 TEST_CACHE = "SPECD_TEST_CACHE"
-ENGINE_CPU = "SPECD_ENGINE_CPU"
 DRAFTER_PROBE_STEPS = "SPECD_DRAFTER_PROBE_STEPS"
 
 
@@ -136,14 +135,6 @@ def deterministic_gemms() -> str:
     16-row tiles, launched with PDL), "triton-split" (the same, K split by the weight's shape), or "auto" (the
     default: chosen by the model's size, verifier_service/model/invariant_layers.py)."""
     return _choice(DETERMINISTIC_GEMMS, DETERMINISTIC_GEMM_KINDS, "auto")
-
-
-def engine_cpu() -> str:
-    """"off" (the default), "auto" or a CPU's number: the CPU the verifier's engine thread takes for itself."""
-    value = _get(ENGINE_CPU) or "off"
-    if value not in ("off", "auto") and not value.isdigit():
-        raise ValueError(f"{ENGINE_CPU}={value!r}: expected off, auto or a CPU's number")
-    return value
 
 
 def drafter_probe_steps() -> int:

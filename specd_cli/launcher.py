@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specd import environment, stop_signals
+from specd import stop_signals
 from specd.options import DRAFTER_PORTS, GATEWAY_PORTS, IN_PROCESS_DRAFTER, VERIFIER_PORTS, ServiceOptions
 from specd.serving import TlsConfig, open_channel
 
@@ -37,9 +37,6 @@ def plan_stack(options: ServiceOptions, num_verifiers: int, port_offset: int) ->
     """The processes of one stack: drafter, verifier replicas, gateway, on the default ports + offset."""
     if not 1 <= num_verifiers <= MAX_VERIFIERS:
         raise ValueError(f"num_verifiers: must be in 1..{MAX_VERIFIERS}, got {num_verifiers}")
-    if num_verifiers > 1 and environment.engine_cpu() != "off":  # every replica would take the same CPU
-        raise ValueError(f"{environment.ENGINE_CPU}: {num_verifiers} verifier replicas on one machine would share "
-                         "one engine CPU; start each with `specd verifier` and a CPU of its own, or leave it off")
     loopback = "127.0.0.1"
     drafter_port = DRAFTER_PORTS[0] + port_offset
     in_process = options.drafter_addr.lower() == IN_PROCESS_DRAFTER  # each verifier drafts itself: no drafter

@@ -58,16 +58,15 @@
 #           thread that keeps working, with the helper as it is, as SCHED_BATCH and kept off the writer's CPU
 # linkab  : the real weights, 16 clients, k = 4, memory off, 384 requests, stack only, in turns (LINKAB_RUNS, comma-separated
 #           DRAFTER:RUN, RUN as run_as names it; by default: the link asking every step, under
-#           SPECD_DRAFTER_PROBE_STEPS=8 (probe8; probe1000 asks a request's first step only), in-process drafting, this
-#           tree with SPECD_ENGINE_CPU=auto (isolate), probe8, the link again). Other runs: batch (the link process as
+#           SPECD_DRAFTER_PROBE_STEPS=8 (probe8; probe1000 asks a request's first step only), in-process drafting,
+#           probe8, the link again). Other runs: batch (the link process as
 #           SCHED_BATCH: the engine thread's pipe write no longer lets it preempt the engine thread), pin (the engine
 #           thread alone on the last CPU, the rest of the stack on the others), .device/old (the tree measured against):
 #           whether the link's cost is its own work, its wake-ups or the machine's (variants are this tree with one edit
 #           each, made here: `variant`); LINKAB_MODEL=random runs them on random weights of the default model's shapes
 #           (no GGUF: one call)
 # pinab   : random weights of the default model's shapes, 64 and 256 clients, k = 0, 512 requests, the stack in turns
-#           (PINAB_RUNS): this tree (beside its engine alone), pin, isolate (SPECD_ENGINE_CPU=auto), this tree again
-#           (readerbatch: the serving process's step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine thread
+#           (PINAB_RUNS): this tree (beside its engine alone), pin, this tree again (readerbatch: the serving process's step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine thread
 #           sharing its CPU with the threads it wakes (needs no GGUF: a first call's part)
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
@@ -166,12 +165,11 @@ PY
   echo "$dir"
 }
 
-run_as() {  # run_as NAME: the tree, profiler, SPECD_ENGINE_CPU and SPECD_DRAFTER_PROBE_STEPS of a run named . (this
-  # tree), isolate (this tree with SPECD_ENGINE_CPU=auto), probeN (this tree with SPECD_DRAFTER_PROBE_STEPS=N), pin (its
-  # variant, the rest of the stack kept off the engine's CPU), a tree carried (.device/old) or another variant
-  tree=$1 profiler="" engine_cpu=off probe_steps=1
+run_as() {  # run_as NAME: the tree, profiler and SPECD_DRAFTER_PROBE_STEPS of a run named . (this tree), probeN (this
+  # tree with SPECD_DRAFTER_PROBE_STEPS=N), pin (its variant, the rest of the stack kept off the engine's CPU), a tree
+  # carried (.device/old) or another variant
+  tree=$1 profiler="" probe_steps=1
   case $1 in
-    isolate) tree=. engine_cpu=auto ;;
     probe[0-9]*) tree=. probe_steps=${1#probe} ;;
     pin) profiler="taskset -c 0-$(($(nproc) - 2))" ;;
   esac
@@ -394,26 +392,26 @@ for part in "$@"; do
       model=""
       if [ "${LINKAB_MODEL:-real}" = random ]; then random_model; model="--model /tmp/models/smollm2-135m"
       else default_model || continue; fi
-      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:probe8,in-process:.,link:isolate,link:probe8,link:.}
+      i=0 limit=240 runs=${LINKAB_RUNS:-link:.,link:probe8,in-process:.,link:probe8,link:.}
       for run in ${runs//,/ }; do
         i=$((i + 1)) drafter=${run%%:*} name=${run#*:} args=""
         [ "$drafter" = in-process ] && args="-- --drafter-addr in-process"
         run_as "$name" || continue
         # shellcheck disable=SC2086
-        SPECD_ENGINE_CPU=$engine_cpu SPECD_DRAFTER_PROBE_STEPS=$probe_steps PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${name//\//_}" \
+        SPECD_DRAFTER_PROBE_STEPS=$probe_steps PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${name//\//_}" \
           $model --clients 16 --ks 4 --num-requests 384 --no-engine $args
         limit=180
       done ;;
     wakecost) python3 tools/wake_cost.py --seconds 3 | tee "$OUT/wakecost.txt" ;;  # the engine thread's wake-ups
-    pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin and isolate, in turns (round 46)
+    pinab)  # the stack at 64 and 256 clients, k = 0: this tree against pin, in turns (round 46)
       random_model
-      i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,isolate,.}
+      i=0 engine="" limit=280 runs=${PINAB_RUNS:-.,pin,.}
       for name in ${runs//,/ }; do
         i=$((i + 1))
         run_as "$name" || continue
         [ "$name" = . ] && name=this
         # shellcheck disable=SC2086
-        SPECD_ENGINE_CPU=$engine_cpu SPECD_DRAFTER_PROBE_STEPS=$probe_steps PROFILER=$profiler LIMIT=$limit TAIL=4 stack "$tree" "pinab_${i}_$name" \
+        SPECD_DRAFTER_PROBE_STEPS=$probe_steps PROFILER=$profiler LIMIT=$limit TAIL=4 stack "$tree" "pinab_${i}_$name" \
           --model /tmp/models/smollm2-135m --clients 64 256 --ks 0 --num-requests 512 $engine
         engine=--no-engine limit=140
       done ;;

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specd import engine_cpu
 from specd.sampling import SamplingParams
 from verifier_service.engine.outputs import EngineLoad, RequestOutput
 from verifier_service.output_router import DuplicateRequestId, OutputRouter, RequestFailed
@@ -41,11 +40,8 @@ class EngineLoop:
     """
 
     def __init__(self, engine, after_step: Callable[[], None] | None = None,
-                 emit: Callable[[list[RequestOutput | RequestFailed]], None] | None = None,
-                 cpu: int | None = None) -> None:
-        """`cpu`: the one CPU the thread runs on (specd/engine_cpu.py; the process keeps off it), None for any."""
+                 emit: Callable[[list[RequestOutput | RequestFailed]], None] | None = None) -> None:
         self.engine = engine  # read-only use outside the thread: model facts fixed at load time
-        self._cpu = cpu
         self._engine = engine
         self._after_step = after_step or (lambda: None)
         self._router = OutputRouter() if emit is None else None
@@ -120,8 +116,6 @@ class EngineLoop:
         return self._num_added
 
     def _run(self) -> None:
-        if self._cpu is not None:
-            engine_cpu.take(self._cpu)
         while not self._stopping:  # checked before waiting: a wake-up cleared between steps is lost
             self._wake.wait()
             with self._lock:

@@ -31,7 +31,6 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from specd.engine_cpu import keep_process_off
 from specd.pipe_frames import pickled
 from specd.sampling import SamplingParams
 from specd.startup_errors import StartupError
@@ -50,8 +49,7 @@ class EngineClient:
     """The serving process's side: starts the engine process and stands for its EngineLoop."""
 
     def __init__(self, config, exporter: VerifierMetricsExporter,
-                 on_failure: Callable[[str], None] = lambda reason: None, engine_cpu: int | None = None) -> None:
-        """`engine_cpu`: the CPU the engine thread takes for itself (specd/engine_cpu.py's `choose`), None for any."""
+                 on_failure: Callable[[str], None] = lambda reason: None) -> None:
         self._exporter, self._on_failure = exporter, on_failure
         self._router = OutputRouter()
         self._send_lock = threading.Lock()
@@ -59,11 +57,9 @@ class EngineClient:
         self._num_added = 0  # of those, the ones its last load report counts
         self._stopping = False
         self.load = EngineLoad(0, 0, 0, 0)
-        if engine_cpu is not None:  # before the engine process starts: it and its helpers inherit this
-            keep_process_off(engine_cpu)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self.process = context.Process(target=run_engine_process, args=(config, child_conn, os.getpid(), engine_cpu),
+        self.process = context.Process(target=run_engine_process, args=(config, child_conn, os.getpid()),
                                        name="specd-engine")
         self.process.start()
         child_conn.close()
@@ -152,9 +148,8 @@ class EngineClient:
         self._on_failure(reason)
 
 
-def run_engine_process(config, conn: Connection, parent_pid: int, engine_cpu: int | None = None) -> None:
-    """The engine process (spawn target): load, warm up, then serve the pipe until ("stop",) or the parent's end;
-    `engine_cpu`: the CPU its engine thread takes for itself (specd/engine_cpu.py)."""
+def run_engine_process(config, conn: Connection, parent_pid: int) -> None:
+    """The engine process (spawn target): load, warm up, then serve the pipe until ("stop",) or the parent's end."""
     from specd import stop_signals
 
     stop_signals.die_with_parent(signal.SIGKILL, parent_pid)
@@ -170,7 +165,7 @@ def run_engine_process(config, conn: Connection, parent_pid: int, engine_cpu: in
             conn.send_bytes(payload)
 
     try:
-        engine_loop, drafter = _load(config, send, engine_cpu)
+        engine_loop, drafter = _load(config, send)
     except StartupError as error:  # a setting it cannot start with: one line, as in one process
         send(("startup_error", str(error)))
         return
@@ -190,7 +185,7 @@ def run_engine_process(config, conn: Connection, parent_pid: int, engine_cpu: in
         engine_loop.engine.runner.close()
 
 
-def _load(config, send, engine_cpu: int | None):
+def _load(config, send):
     """The engine with its drafter client, warmed up, in an EngineLoop that sends each step down the pipe."""
     from specd.default_model import resolve_model_path
     from verifier_service.engine.engine import Engine
@@ -222,7 +217,7 @@ def _load(config, send, engine_cpu: int | None):
         step_items.clear()
         send(("step", packed, engine.take_step_stats(), engine_loop.load, engine_loop.num_added, drafter_counts()))
 
-    engine_loop = EngineLoop(engine, after_step=after_step, emit=step_items.extend, cpu=engine_cpu)
+    engine_loop = EngineLoop(engine, after_step=after_step, emit=step_items.extend)
     engine_loop.limits = ModelLimits(name=resolve_model_path(config.engine.model).name,
                                      max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)
     return engine_loop, drafter

@@ -20,7 +20,6 @@ import time
 from prometheus_client import CollectorRegistry
 
 from specd import environment, stop_signals
-from specd.engine_cpu import choose as choose_engine_cpu
 from specd.serving import GrpcServer
 from specd.startup_errors import StartupError
 from specd.v1 import verifier_pb2, verifier_pb2_grpc
@@ -47,7 +46,6 @@ async def serve_async(config: VerifierConfig) -> None:
 
 
 async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
-    engine_cpu = choose_engine_cpu(config.engine.device, config.engine.tensor_parallel_size)  # refused before any port
     try:
         environment.drafter_probe_steps()  # read by the drafter link in the engine process: refused here, before it
     except ValueError as error:
@@ -69,7 +67,7 @@ async def _serve(config: VerifierConfig, stop_requested: asyncio.Event) -> None:
         raise
     leave = functools.partial(_leave_after_rank_failure, server, asyncio.get_running_loop())
     started = time.monotonic()
-    engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave, engine_cpu=engine_cpu)
+    engine = EngineClient(config, VerifierMetricsExporter(metrics), on_failure=leave)
     loading = _in_daemon_thread(engine.wait_ready)
     stopped = asyncio.ensure_future(stop_requested.wait())
 
