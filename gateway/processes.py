@@ -23,6 +23,7 @@ import time
 
 from gateway.config import GatewayConfig
 from gateway.server import serve
+from gateway.tokenizer import encode_serially
 from specd import stop_signals
 from specd.startup_errors import bound_socket
 
@@ -42,6 +43,7 @@ class GatewayWorkerDied(SystemExit):
 
 def main(config: GatewayConfig) -> None:
     """`specd gateway`: one gateway process, or with `processes` > 1 that many."""
+    encode_serially()  # inherited by the workers
     if config.processes > 1:
         serve_processes(config)
     else:

@@ -45,6 +45,8 @@ def completion(url: str, index: int) -> dict:
 def test_every_process_serves_requests(stack):
     processes = workers(stack.services["gateway"].process)
     assert len(processes) == 2
+    # each encodes on its own thread (gateway/tokenizer.py's encode_serially, tests/gateway/test_encode_serially.py)
+    assert all(p.environ().get("TOKENIZERS_PARALLELISM") == "false" for p in processes)
     replies = [completion(stack.http_url, i) for i in range(NUM_REQUESTS)]
     assert all(reply["usage"]["completion_tokens"] == 4 for reply in replies)
     # Each worker logs the requests it served under its own pid (--log-requests; its log format names it).
