@@ -74,9 +74,10 @@ class AskRule:
 
     def should_ask(self, requests: Sequence[DraftRequest], own: dict[str, list[int]]) -> bool:
         """Whether the service is asked this step, given the own drafts for it."""
-        if self._judging:
-            self._take_answers()
-            self._judge(requests)
+        if not self._judging:  # every step that wants drafts or brings the service a request it has not seen
+            return any(r.draft_limit > 0 or r.request_id not in self._sighted for r in requests)
+        self._take_answers()
+        self._judge(requests)
         self._since_ask += 1
         wanted = [r.request_id for r in requests if r.draft_limit > 0]
         ask = (any(r.request_id not in self._sighted for r in requests)

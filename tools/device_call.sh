@@ -4,8 +4,9 @@
 # brings back at most 8 files) and their tables are printed.
 #   LIMIT=540 bash tools/device_call.sh "0,1 FRESH_COMPILE=1 tptests" "2 latency1 throughput"
 # A lane is "DEVICES [VAR=VALUE | PART]...": a VAR=VALUE applies to the lane's later parts, its commas read as spaces
-# (a lane splits at spaces, so a list is SPEC_CLIENTS=64,256; the settings that take commas read them so). Lane n writes to
-# $OUT/lane<n>. Past LIMIT every lane is killed (its part's log says how far it got), so the archive still comes back.
+# (a lane splits at spaces, so a list is SPEC_CLIENTS=64,256; the settings that take commas read them so). Lane n
+# writes to $OUT/lane<n>. Past LIMIT every lane is killed (its part's log says how far it got), so the archive still
+# comes back.
 set -u
 OUT=${OUT:-/tmp/out} LIMIT=${LIMIT:-540} RUN=${DEVICE_RUN:-tools/device_run.sh}
 mkdir -p "$OUT"

@@ -66,8 +66,9 @@
 #           each, made here: `variant`); LINKAB_MODEL=random runs them on random weights of the default model's shapes
 #           (no GGUF: one call)
 # pinab   : random weights of the default model's shapes, 64 and 256 clients, k = 0, 512 requests, the stack in turns
-#           (PINAB_RUNS): this tree (beside its engine alone), pin, this tree again (readerbatch: the serving process's step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine thread
-#           sharing its CPU with the threads it wakes (needs no GGUF: a first call's part)
+#           (PINAB_RUNS): this tree (beside its engine alone), pin, this tree again (readerbatch: the serving process's
+#           step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine
+#           thread sharing its CPU with the threads it wakes (needs no GGUF: a first call's part)
 # drafters: the real weights, DRAFTERS_CLIENTS (16) clients, k = 0 and 4, memory off, DRAFTERS_REQUESTS (384) a run:
 #           the stack with its drafter link, then with `--drafter-addr in-process` (the drafter's rule in the engine
 #           process, as the engine alone drafts), then in-process, then the link (DRAFTERS_ORDER; the engine alone

@@ -49,6 +49,13 @@ def test_a_request_is_asked_until_the_service_answers_then_one_step_in_probe_ste
 
 
 
+def test_by_default_every_step_that_wants_drafts_is_asked_and_one_that_wants_none_at_first_sight_only():
+    rule, context = AskRule(1), [1, 2, 3]
+    assert step(rule, 1, context, own=[], limit=0)  # the service takes what it holds at first sight for the prompt
+    assert not any(step(rule, n, context + [4] * n, own=[], limit=0) for n in range(2, 5))
+    assert all(step(rule, n, context + [4] * n, own=[4], service=[5]) for n in range(5, 5 + 2 * PATIENCE))
+
+
 def test_a_request_whose_service_drafts_match_more_is_asked_every_step_until_they_go_wrong():
     rule, context = AskRule(PROBE_STEPS), [1, 2, 3]
     assert step(rule, 1, context, own=[9], service=[4, 5])  # the service drafts more than the own rule
