@@ -72,3 +72,22 @@ def test_padded_and_chunked_inputs_equal_f_linear(num_rows):
     x = torch.randn(num_rows, 64)
     with torch.inference_mode():
         torch.testing.assert_close(PrepackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dot_products", [False, True])
+def test_fixed_row_bfloat16_linears_are_packed_in_float32_where_the_cpu_would_emulate_bfloat16(monkeypatch,
+                                                                                              dot_products):
+    """A fixed-row linear (the deterministic mode's) is a 16-row GEMM at every step: its cost is compute, which oneDNN
+    emulates for bfloat16 on a CPU without bfloat16 dot products. Serving's linears keep bfloat16 weights."""
+    from verifier_service.model import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "_bfloat16_instructions", lambda: True)
+    monkeypatch.setattr(cpu_linear, "_bfloat16_dot_products", lambda: dot_products)
+    linear = nn.Linear(256, 512).to(torch.bfloat16)
+    fixed, serving = PrepackedLinear(linear, fixed_rows=16), PrepackedLinear(linear)
+    assert fixed.packed_weight.dtype == (torch.bfloat16 if dot_products else torch.float32)
+    assert serving.packed_weight.dtype == torch.bfloat16
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert fixed(x).dtype == torch.bfloat16
+        torch.testing.assert_close(fixed(x).float(), serving(x).float(), atol=2e-2, rtol=2e-2)

@@ -58,6 +58,19 @@ def _bfloat16_instructions() -> bool:
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def _bfloat16_dot_products() -> bool:
+    """Whether the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX). With AVX-512 alone oneDNN takes bfloat16
+    weights but emulates the products: a 16-row GEMM of the default model's shapes then takes 2.6-3x its float32
+    packing's time (docs/BENCHMARKS.md round 49)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def _packs_in_float32(fixed_rows: int | None) -> bool:
+    """Whether a bfloat16 linear is packed in float32: where oneDNN cannot take bfloat16 weights, and for fixed-row
+    linears (every step a 16-row GEMM: compute, not the weights' bytes, is their cost) where it would emulate them."""
+    return not _bfloat16_instructions() or (fixed_rows is not None and not _bfloat16_dot_products())
+
+
 class PrepackedLinear(nn.Module):
     """y = x W^T + b, with W held only in oneDNN's reordered layout (no dense copy kept).
 
@@ -66,8 +79,9 @@ class PrepackedLinear(nn.Module):
     deterministic mode; a 5-row and a 1-row primitive sum a 1536-long row in different orders). `bias` False
     leaves the linear's bias out (a row-parallel layer adds it after the sum over the ranks).
 
-    A bfloat16 linear on a CPU without oneDNN's bfloat16 instructions is packed in float32: its inputs are upcast
-    and its outputs rounded back to bfloat16 (as a bfloat16 GEMM accumulates in float32 too)."""
+    A bfloat16 linear on a CPU without oneDNN's bfloat16 instructions, or with `fixed_rows` on one that would emulate
+    them (_packs_in_float32), is packed in float32: its inputs are upcast and its outputs rounded back to bfloat16 (as
+    a bfloat16 GEMM accumulates in float32 too)."""
 
     def __init__(self, linear: nn.Linear, fixed_rows: int | None = None, bias: bool = True):
         super().__init__()
@@ -75,7 +89,7 @@ class PrepackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight, bias_values = linear.weight.detach(), linear.bias if bias else None
         self.out_dtype = weight.dtype
-        if weight.dtype == torch.bfloat16 and not _bfloat16_instructions():
+        if weight.dtype == torch.bfloat16 and _packs_in_float32(fixed_rows):
             weight = weight.float()
             bias_values = None if bias_values is None else bias_values.detach().float()
         self.bias = bias_values
