@@ -39,12 +39,14 @@ class InvariantAttentionBackend(ReferenceAttentionBackend):
         keys = _gather(k_cache, layout.key_slots).float()  # [batch, max_seqlen_k, num_kv_heads, head_dim]
         values = _gather(v_cache, layout.key_slots).float()
         num_kv_heads, head_dim = keys.shape[2], keys.shape[3]
-        queries = query.float().view(query.shape[0], num_kv_heads, -1, head_dim)  # [tokens, kv_heads, group, dim]
+        # [tokens, kv_heads, group, dim], scaled once: elementwise, so each token's bits are those of its own product
+        queries = query.float().view(query.shape[0], num_kv_heads, -1, head_dim) * scale
         out = torch.empty_like(queries)
         for token, (sequence, position) in enumerate(self._tokens_of(metadata, layout)):
-            own_keys = keys[sequence, :position + 1, :, None]  # [keys, kv_heads, 1, dim]
-            scores = (queries[token] * own_keys).sum(-1) * scale  # [keys, kv_heads, group]
-            weights = torch.softmax(scores, dim=0)
+            scores = (queries[token] * keys[sequence, :position + 1, :, None]).sum(-1)  # [keys, kv_heads, group]
+            # over the keys as the last dimension: softmax's contiguous path, a third of a token's time faster than
+            # over the first
+            weights = torch.softmax(scores.permute(1, 2, 0), dim=-1).permute(2, 0, 1)  # [keys, kv_heads, group]
             out[token] = (weights[..., None] * values[sequence, :position + 1, :, None]).sum(0)
         return out.view(query.shape).to(query.dtype)
 
