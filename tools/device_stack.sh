@@ -64,7 +64,7 @@
 #           thread alone on the last CPU, the rest of the stack on the others), .device/old (the tree measured against):
 #           whether the link's cost is its own work, its wake-ups or the machine's (variants are this tree with one edit
 #           each, made here: `variant`); LINKAB_MODEL=random runs them on random weights of the default model's shapes
-#           (no GGUF: one call)
+#           (no GGUF: one call); LINKAB_KS (4): the speculation settings of each run (0 4: on against off)
 # pinab   : random weights of the default model's shapes, 64 and 256 clients, k = 0, 512 requests, the stack in turns
 #           (PINAB_RUNS): this tree (beside its engine alone), pin, this tree again (readerbatch: the serving process's
 #           step-message reader as SCHED_BATCH, by name): whether issue #34's stack-against-engine gap is the engine
@@ -400,7 +400,7 @@ for part in "$@"; do
         run_as "$name" || continue
         # shellcheck disable=SC2086
         SPECD_DRAFTER_PROBE_STEPS=$probe_steps PROFILER=$profiler LIMIT=$limit TAIL=3 stack "$tree" "linkab_${i}_${drafter}_${name//\//_}" \
-          $model --clients 16 --ks 4 --num-requests 384 --no-engine $args
+          $model --clients 16 --ks ${LINKAB_KS:-4} --num-requests 384 --no-engine $args
         limit=180
       done ;;
     wakecost) python3 tools/wake_cost.py --seconds 3 | tee "$OUT/wakecost.txt" ;;  # the engine thread's wake-ups
